@@ -1,0 +1,1 @@
+"""Runtime dtype guards for ReplaySSM decode entry points (``pip install replaylint[guards]``)."""

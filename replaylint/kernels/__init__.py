@@ -1,0 +1,1 @@
+"""The bundled Helion ReplaySSM KDA decode kernel (``pip install replaylint[kernels]``)."""
