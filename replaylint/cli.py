@@ -1,0 +1,271 @@
+"""The ``replaylint`` command line, following ruff's conventions.
+
+Exit codes: 0 nothing left to report; 1 findings remain (or ``--diff`` has changes); 2 a usage or
+configuration error, or a file that could not be read, parsed or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TextIO
+
+from replaylint._version import __version__
+from replaylint.lint.config import ConfigError, load_settings, validate_selectors
+from replaylint.lint.discovery import discover
+from replaylint.lint.engine import Linter
+from replaylint.lint.reporters import RENDERERS
+from replaylint.lint.rule_docs import rule_markdown
+from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
+from replaylint.lint.runner import FileReport, Mode, lint_files, lint_text
+from replaylint.lint.settings import Settings
+from replaylint.lint.source_io import FileProblem, decode_source
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+KNOWN_CODES = tuple(rule.CODE for rule in ALL_RULES)
+
+
+class UsageError(Exception):
+    """Bad command-line arguments."""
+
+
+def _selectors(values: list[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replaylint",
+        description="Find and fix ReplaySSM gate caches that are not float32.",
+        epilog="Subcommands: `replaylint check` (the default) and `replaylint rule CODE|--all`.",
+    )
+    parser.add_argument(
+        "paths", nargs="*", type=Path, help="files or folders (default: .); - reads stdin"
+    )
+    parser.add_argument("--fix", action="store_true", help="apply fixes in place")
+    parser.add_argument("--unsafe-fixes", action="store_true", help="also apply unsafe fixes")
+    parser.add_argument(
+        "--diff", action="store_true", help="print the diff --fix would make; write nothing"
+    )
+    parser.add_argument(
+        "--select", action="append", metavar="CODES", help="rules to enable (codes or prefixes)"
+    )
+    parser.add_argument(
+        "--extend-select", action="append", metavar="CODES", help="rules to enable in addition"
+    )
+    parser.add_argument("--ignore", action="append", metavar="CODES", help="rules to disable")
+    parser.add_argument(
+        "--output-format",
+        choices=sorted(RENDERERS),
+        default="text",
+        help="output format (default: text)",
+    )
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even when findings remain")
+    parser.add_argument(
+        "--statistics", action="store_true", help="print counts per rule instead of findings"
+    )
+    parser.add_argument(
+        "--stdin-filename", metavar="PATH", help="the name of the file read from stdin"
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="PATH", help="pyproject.toml or replaylint.toml to use"
+    )
+    parser.add_argument(
+        "--force-exclude", action="store_true", help="apply `exclude` to paths named explicitly too"
+    )
+    parser.add_argument("--version", action="version", version=f"replaylint {__version__}")
+    return parser
+
+
+def _rule_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replaylint rule", description="Explain a rule.")
+    parser.add_argument("code", nargs="?", help="a rule code such as RL001")
+    parser.add_argument("--all", action="store_true", help="explain every rule")
+    return parser
+
+
+def _rule_command(argv: Sequence[str], out: TextIO) -> int:
+    args = _rule_parser().parse_args(argv)
+    if args.all:
+        out.write("\n".join(rule_markdown(rule) for rule in ALL_RULES))
+        return EXIT_OK
+    if args.code is None:
+        raise UsageError("give a rule code (e.g. `replaylint rule RL001`) or --all")
+    rule = RULES_BY_CODE.get(args.code.upper())
+    if rule is None:
+        raise UsageError(f"unknown rule `{args.code}`; known rules: {', '.join(KNOWN_CODES)}")
+    out.write(rule_markdown(rule))
+    return EXIT_OK
+
+
+def _settings(args: argparse.Namespace, start: Path) -> Settings:
+    settings = load_settings(KNOWN_CODES, args.config, start)
+    select, extend, ignore = (
+        _selectors(args.select),
+        _selectors(args.extend_select),
+        _selectors(args.ignore),
+    )
+    if select is not None:
+        settings = replace(settings, select=validate_selectors(select, KNOWN_CODES, "--select"))
+    if extend is not None:
+        settings = replace(
+            settings,
+            extend_select=settings.extend_select
+            + validate_selectors(extend, KNOWN_CODES, "--extend-select"),
+        )
+    if ignore is not None:
+        settings = replace(
+            settings, ignore=settings.ignore + validate_selectors(ignore, KNOWN_CODES, "--ignore")
+        )
+    return settings
+
+
+def _mode(args: argparse.Namespace) -> Mode:
+    if args.diff:
+        return Mode.DIFF
+    return Mode.FIX if args.fix else Mode.CHECK
+
+
+def _statistics(reports: Sequence[FileReport], output_format: str) -> str:
+    counts = Counter(f.code for r in reports for f in r.findings)
+    fixable = {f.code for r in reports for f in r.findings if f.fix is not None}
+    rows = [
+        {
+            "code": code,
+            "name": RULES_BY_CODE[code].NAME,
+            "count": count,
+            "fixable": code in fixable,
+        }
+        for code, count in sorted(counts.items())
+    ]
+    if output_format == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    return "".join(
+        f"{row['count']:>5}\t{row['code']}\t{'[*] ' if row['fixable'] else '    '}{row['name']}\n"
+        for row in rows
+    )
+
+
+def _errors(count: int) -> str:
+    return f"{count} error" if count == 1 else f"{count} errors"
+
+
+def _summary(reports: Sequence[FileReport], mode: Mode) -> str:
+    remaining = sum(len(r.findings) for r in reports)
+    fixed = sum(r.fixed for r in reports)
+    fixable = sum(1 for r in reports for f in r.findings if f.fix is not None)
+    if mode is Mode.DIFF:
+        changed = sum(1 for r in reports if r.changed)
+        files = "1 file" if changed == 1 else f"{changed} files"
+        return f"Would fix {_errors(fixed)} in {files}.\n" if changed else "No fixes to apply.\n"
+    if remaining == 0 and fixed == 0:
+        return "All checks passed!\n"
+    if mode is Mode.FIX:
+        return f"Found {_errors(remaining + fixed)} ({fixed} fixed, {remaining} remaining).\n"
+    text = f"Found {_errors(remaining)}.\n"
+    if fixable:
+        text += f"[*] {fixable} fixable with the `--fix` option.\n"
+    return text
+
+
+def _report(
+    reports: Sequence[FileReport], args: argparse.Namespace, mode: Mode, out: TextIO, err: TextIO
+) -> int:
+    for report in reports:
+        for note in report.notes:
+            err.write(f"warning: {note}\n")
+        if report.error is not None:
+            err.write(f"error: {report.error}\n")
+    if mode is Mode.DIFF:
+        out.write("".join(r.diff for r in reports))
+        if args.output_format == "text":
+            err.write(_summary(reports, mode))
+    elif args.statistics:
+        out.write(_statistics(reports, args.output_format))
+    else:
+        out.write(RENDERERS[args.output_format](reports))
+        if args.output_format in {"text", "concise"}:
+            out.write(_summary(reports, mode))
+    if any(r.error is not None for r in reports):
+        return EXIT_ERROR
+    if args.exit_zero:
+        return EXIT_OK
+    if mode is Mode.DIFF:
+        return EXIT_FINDINGS if any(r.changed for r in reports) else EXIT_OK
+    return EXIT_FINDINGS if any(r.findings for r in reports) else EXIT_OK
+
+
+def _stdin(
+    args: argparse.Namespace,
+    settings: Settings,
+    linter: Linter,
+    mode: Mode,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    raw = sys.stdin.buffer.read()
+    filename = args.stdin_filename or "-"
+    try:
+        text, _ = decode_source(raw)
+    except FileProblem as problem:
+        err.write(f"error: {filename}: {problem}\n")
+        return EXIT_ERROR
+    if args.stdin_filename and args.force_exclude and settings.is_excluded(Path(filename)):
+        if mode is Mode.FIX:
+            out.write(text)
+        return EXIT_OK
+    report, fixed = lint_text(linter, text, filename, mode, unsafe=args.unsafe_fixes)
+    if mode is Mode.FIX:
+        out.write(fixed)  # the fixed source goes to stdout, so diagnostics go to stderr
+        return _report([report], args, mode, err, err)
+    return _report([report], args, mode, out, err)
+
+
+def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
+    args = _check_parser().parse_args(argv)
+    paths: list[Path] = args.paths or [Path(".")]
+    reading_stdin = any(str(p) == "-" for p in paths)
+    if reading_stdin and len(paths) > 1:
+        raise UsageError("`-` (stdin) cannot be combined with other paths")
+    if args.stdin_filename and not reading_stdin:
+        if args.paths:
+            raise UsageError("--stdin-filename needs `-` as the only path")
+        reading_stdin = True
+    start = Path(args.stdin_filename).parent if args.stdin_filename else paths[0]
+    settings = _settings(args, start if reading_stdin else paths[0])
+    linter = Linter(settings)
+    mode = _mode(args)
+    if reading_stdin:
+        return _stdin(args, settings, linter, mode, out, err)
+    files, errors = discover(paths, settings, force_exclude=args.force_exclude)
+    reports = lint_files(linter, files, mode, unsafe=args.unsafe_fixes)
+    for message in errors:
+        err.write(f"error: {message}\n")
+    status = _report(reports, args, mode, out, err)
+    return EXIT_ERROR if errors else status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    out, err = sys.stdout, sys.stderr
+    try:
+        if arguments[:1] == ["rule"]:
+            return _rule_command(arguments[1:], out)
+        if arguments[:1] == ["check"]:
+            arguments = arguments[1:]
+        return _check_command(arguments, out, err)
+    except (UsageError, ConfigError) as error:
+        err.write(f"replaylint: error: {error}\n")
+        return EXIT_ERROR
+    except SystemExit as exit_:  # argparse: --help/--version exit 0, bad usage exits 2
+        return int(exit_.code or 0)
+    except KeyboardInterrupt:
+        err.write("replaylint: interrupted\n")
+        return 130

@@ -1,0 +1,138 @@
+"""Per-file state shared by the rules of one traversal: the module, settings and the findings."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import cast
+
+import libcst as cst
+from libcst.metadata import (
+    MetadataWrapper,
+    QualifiedName,
+    QualifiedNameProvider,
+    QualifiedNameSource,
+)
+
+from replaylint.lint.findings import Applicability
+from replaylint.lint.gate_caches import GateCacheNames
+from replaylint.lint.settings import EntryPoint
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Replace ``node``'s code with ``new`` (a node rendered in the module's style, or text)."""
+
+    node: cst.CSTNode
+    new: cst.CSTNode | str
+
+
+@dataclass(frozen=True)
+class InsertAfter:
+    """Insert ``text`` right after ``node``'s code."""
+
+    node: cst.CSTNode
+    text: str
+
+
+@dataclass(frozen=True)
+class AddModuleImport:
+    """Insert ``import <module>`` at the top of the file, after docstring and __future__ imports."""
+
+    module: str
+
+
+EditDraft = Replace | InsertAfter | AddModuleImport
+
+
+@dataclass(frozen=True)
+class FixDraft:
+    """A fix as a rule states it, in terms of nodes; the engine turns it into text edits."""
+
+    message: str
+    edits: tuple[EditDraft, ...]
+    applicability: Applicability = Applicability.SAFE
+
+
+@dataclass
+class FindingDraft:
+    code: str
+    node: cst.CSTNode
+    message: str
+    fix: FixDraft | None
+
+
+@dataclass
+class FileContext:
+    """What a rule may consult about the file under analysis, and where it reports."""
+
+    filename: str
+    wrapper: MetadataWrapper
+    gate_caches: GateCacheNames
+    entry_points: tuple[EntryPoint, ...]
+    drafts: list[FindingDraft] = field(default_factory=list)
+    _torch_alias: tuple[str, bool] | None = None
+
+    @property
+    def module(self) -> cst.Module:
+        return self.wrapper.module
+
+    def add_finding(self, code: str, node: cst.CSTNode, message: str, fix: FixDraft | None) -> None:
+        self.drafts.append(FindingDraft(code, node, message, fix))
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``)."""
+        return {name.name for name in self._qualified(node)}
+
+    def imported_names(self, node: cst.CSTNode) -> set[str]:
+        """Like :meth:`qualified_names`, restricted to names that come from an import."""
+        return {
+            name.name for name in self._qualified(node) if name.source is QualifiedNameSource.IMPORT
+        }
+
+    def _qualified(self, node: cst.CSTNode) -> Collection[QualifiedName]:
+        try:
+            names: object = self.wrapper.resolve(QualifiedNameProvider)[node]
+        except KeyError:
+            return ()
+        if callable(names):  # a LazyValue: providers may compute values on first access
+            names = names()
+        return cast("Collection[QualifiedName]", names)
+
+    def torch_attribute(self, attribute: str) -> tuple[str, tuple[EditDraft, ...]]:
+        """Spell ``torch.<attribute>`` with the module's own alias for ``torch``.
+
+        Returns the spelling and the edits it needs: ``import torch`` when the module has no
+        module-level binding of torch (``from torch import zeros`` alone, say).
+        """
+        if self._torch_alias is None:
+            self._torch_alias = _find_torch_alias(self.module)
+        alias, present = self._torch_alias
+        edits: tuple[EditDraft, ...] = () if present else (AddModuleImport("torch"),)
+        return f"{alias}.{attribute}", edits
+
+
+def _find_torch_alias(module: cst.Module) -> tuple[str, bool]:
+    """The name a module-level ``import torch[...] [as x]`` binds, or ("torch", False)."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.Import):
+                continue
+            for alias in small.names:
+                dotted = _dotted(alias.name)
+                if alias.asname is not None:
+                    if dotted == "torch" and isinstance(alias.asname.name, cst.Name):
+                        return alias.asname.name.value, True
+                elif dotted == "torch" or dotted.startswith("torch."):
+                    return "torch", True
+    return "torch", False
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""

@@ -1,0 +1,70 @@
+"""Which names denote a ReplaySSM gate cache.
+
+A gate cache is recognised by name: a variable (``g_cache``), the last part of an attribute
+(``self.g_cache``, ``layer_cache.replayssm_g``), a string key (``caches["g_cache"]``) or a keyword
+(``g_cache=...``). Patterns are shell-style globs matched case-insensitively against the name with
+leading underscores stripped; each pattern also matches its plural (``g_caches``). Names taught by
+call sites of decode entry points ("learned" names) are added per run, with the call that taught
+them, so that a finding can say why a name counts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
+    "g_cache",
+    "gate_cache",
+    "replayssm_g",
+    "*_g_cache",
+    "*_gate_cache",
+)
+
+
+@dataclass(frozen=True)
+class LearnedFrom:
+    """The entry-point call that made a name a gate-cache name."""
+
+    filename: str
+    row: int
+    function: str
+
+    def describe(self) -> str:
+        return f"passed as the gate cache of `{self.function}` at {self.filename}:{self.row}"
+
+
+class GateCacheNames:
+    """Decides whether a name denotes a gate cache; immutable once built."""
+
+    def __init__(
+        self,
+        patterns: Iterable[str] = DEFAULT_GATE_CACHE_PATTERNS,
+        learned: Mapping[str, LearnedFrom] | None = None,
+    ) -> None:
+        self.patterns: tuple[str, ...] = tuple(patterns)
+        alternatives = []
+        for pattern in self.patterns:
+            body = fnmatch.translate(pattern.lower().lstrip("_"))
+            # fnmatch.translate yields "(?s:...)\Z"; allow an optional plural "s" before the end.
+            core = body[: -len(r"\Z")]
+            alternatives.append(f"(?:{core}s?)")
+        self._regex = re.compile("|".join(alternatives) or "(?!)")
+        self.learned: dict[str, LearnedFrom] = dict(learned or {})
+
+    def with_learned(self, learned: Mapping[str, LearnedFrom]) -> GateCacheNames:
+        merged = dict(self.learned)
+        for name, origin in learned.items():
+            merged.setdefault(name, origin)
+        return GateCacheNames(self.patterns, merged)
+
+    def matches(self, name: str) -> bool:
+        return self._regex.fullmatch(name.lower().lstrip("_")) is not None or name in self.learned
+
+    def learned_from(self, name: str) -> LearnedFrom | None:
+        """The call that taught ``name``, if it is a gate cache only because it was learned."""
+        if self._regex.fullmatch(name.lower().lstrip("_")) is not None:
+            return None
+        return self.learned.get(name)

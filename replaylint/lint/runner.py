@@ -1,0 +1,131 @@
+"""Running the linter over files: read, check or fix, write, and report per file."""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from replaylint.lint.discovery import Discovered
+from replaylint.lint.engine import Linter, SourceError
+from replaylint.lint.findings import Finding
+from replaylint.lint.source_io import FileProblem, read_source, write_atomically
+
+
+class Mode(enum.Enum):
+    CHECK = "check"
+    FIX = "fix"
+    DIFF = "diff"
+
+
+@dataclass
+class FileReport:
+    """What happened to one file."""
+
+    filename: str
+    findings: list[Finding] = field(default_factory=list)
+    """Findings that remain (after fixing, in fix mode)."""
+    fixed: int = 0
+    error: str | None = None
+    """Why the file could not be linted, as ``path[:row:col]: message``; exit code 2."""
+    notes: list[str] = field(default_factory=list)
+    """Warnings that do not change the exit code on their own (fix not written, ...)."""
+    diff: str = ""
+    source: str | None = None
+    """The text the findings refer to (for snippets)."""
+    changed: bool = False
+
+
+def _diff(filename: str, before: str, after: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"a/{filename}",
+            tofile=f"b/{filename}",
+        )
+    )
+
+
+def _error(filename: str, error: SourceError) -> str:
+    where = filename if error.row is None else f"{filename}:{error.row}:{error.column}"
+    return f"{where}: {error.message}"
+
+
+def lint_text(
+    linter: Linter, text: str, filename: str, mode: Mode, *, unsafe: bool = False
+) -> tuple[FileReport, str]:
+    """Lint (and in fix/diff mode fix) ``text``; returns the report and the resulting text."""
+    report = FileReport(filename, source=text)
+    try:
+        if mode is Mode.CHECK:
+            report.findings = linter.check(text, filename)
+            return report, text
+        result = linter.fix(text, filename, unsafe=unsafe)
+    except SourceError as error:
+        report.error = _error(filename, error)
+        return report, text
+    except Exception as error:  # a bug in a rule must not stop the other files
+        report.error = (
+            f"{filename}: internal error while linting ({type(error).__name__}: {error}); "
+            "please report this as a replaylint bug"
+        )
+        return report, text
+    report.findings = list(result.remaining)
+    report.fixed = result.applied
+    report.source = result.source
+    report.changed = result.source != text
+    report.notes.extend(
+        f"{filename}:{f.location.row}:{f.location.column}: the fix for {f.code} would make the "
+        "file unparsable, so it was not applied (please report this as a replaylint bug)"
+        for f in result.dropped
+    )
+    if mode is Mode.DIFF and report.changed:
+        report.diff = _diff(filename, text, result.source)
+    return report, result.source
+
+
+def _outside_root(item: Discovered) -> bool:
+    """A symlink found by walking that points outside the folder it was found in."""
+    if item.explicit or not item.path.is_symlink():
+        return False
+    try:
+        item.path.resolve().relative_to(item.root.resolve())
+    except ValueError:
+        return True
+    return False
+
+
+def lint_file(linter: Linter, item: Discovered, mode: Mode, *, unsafe: bool = False) -> FileReport:
+    filename = str(item.path)
+    try:
+        source = read_source(item.path)
+    except FileProblem as problem:
+        return FileReport(filename, error=f"{filename}: {problem}")
+    report, fixed_text = lint_text(linter, source.text, filename, mode, unsafe=unsafe)
+    if mode is not Mode.FIX or not report.changed:
+        return report
+    if _outside_root(item):
+        report.notes.append(
+            f"{filename}: not fixed: it is a symlink to a file outside {item.root}; "
+            "name the file explicitly to fix it"
+        )
+    else:
+        try:
+            write_atomically(source, fixed_text)
+            return report
+        except FileProblem as problem:
+            report.error = f"{filename}: {problem}"
+    # Nothing was written: report the original findings, not the would-be fixed ones.
+    report.findings = linter.check(source.text, filename)
+    report.source = source.text
+    report.fixed = 0
+    report.changed = False
+    return report
+
+
+def lint_files(
+    linter: Linter, items: Sequence[Discovered], mode: Mode, *, unsafe: bool = False
+) -> list[FileReport]:
+    return [lint_file(linter, item, mode, unsafe=unsafe) for item in items]

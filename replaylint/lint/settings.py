@@ -1,0 +1,118 @@
+"""Resolved settings of a run: which rules, which files, which names are gate caches."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from replaylint.lint.gate_caches import DEFAULT_GATE_CACHE_PATTERNS
+
+DEFAULT_EXCLUDE: tuple[str, ...] = (
+    ".bzr",
+    ".direnv",
+    ".eggs",
+    ".git",
+    ".hg",
+    ".mypy_cache",
+    ".nox",
+    ".pants.d",
+    ".pytype",
+    ".replaylint_cache",
+    ".ruff_cache",
+    ".svn",
+    ".tox",
+    ".venv",
+    "__pypackages__",
+    "_build",
+    "buck-out",
+    "dist",
+    "node_modules",
+    "site-packages",
+    "venv",
+)
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """A ReplaySSM decode entry point and where its gate-cache argument goes.
+
+    ``function`` is a glob matched against the called name: its last part (``ops.foo_decode`` ->
+    ``foo_decode``), or the whole dotted name when the pattern contains a dot.
+    """
+
+    function: str
+    parameter: str = "g_cache"
+    index: int | None = 9
+
+    def matches(self, dotted_name: str) -> bool:
+        subject = dotted_name if "." in self.function else dotted_name.rpartition(".")[2]
+        return fnmatch.fnmatchcase(subject, self.function)
+
+
+DEFAULT_ENTRY_POINTS: tuple[EntryPoint, ...] = (EntryPoint("*replayssm_decode", "g_cache", 9),)
+
+
+def selector_matches(selector: str, code: str) -> bool:
+    return selector == "ALL" or code.startswith(selector)
+
+
+def _specificity(selectors: Iterable[str], code: str) -> int:
+    """Length of the most specific selector that matches ``code`` (``ALL`` counts as 0), or -1."""
+    best = -1
+    for selector in selectors:
+        if selector_matches(selector, code):
+            best = max(best, 0 if selector == "ALL" else len(selector))
+    return best
+
+
+def path_matches(pattern: str, relative: PurePosixPath) -> bool:
+    """gitignore-like: a pattern without ``/`` matches any path component, else the whole path."""
+    pattern = pattern.rstrip("/")
+    if "/" not in pattern:
+        return any(fnmatch.fnmatchcase(part, pattern) for part in relative.parts)
+    pattern = pattern.lstrip("/")
+    text = relative.as_posix()
+    return fnmatch.fnmatchcase(text, pattern) or fnmatch.fnmatchcase(text, pattern + "/*")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a run needs to know besides the files themselves."""
+
+    root: Path = field(default_factory=Path.cwd)
+    config_path: Path | None = None
+    select: tuple[str, ...] = ("RL",)
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    extend_exclude: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    gate_cache_patterns: tuple[str, ...] = DEFAULT_GATE_CACHE_PATTERNS
+    entry_points: tuple[EntryPoint, ...] = DEFAULT_ENTRY_POINTS
+
+    def is_enabled(self, code: str) -> bool:
+        """ruff's semantics: the most specific selector wins; ``ignore`` wins a tie."""
+        selected = max(_specificity(self.select, code), _specificity(self.extend_select, code))
+        return selected >= 0 and selected > _specificity(self.ignore, code)
+
+    def relative(self, path: Path) -> PurePosixPath | None:
+        try:
+            return PurePosixPath(path.absolute().relative_to(self.root.absolute()).as_posix())
+        except ValueError:
+            return None
+
+    def is_excluded(self, path: Path) -> bool:
+        relative = self.relative(path)
+        if relative is None:
+            relative = PurePosixPath(path.name)
+        return any(path_matches(p, relative) for p in (*self.exclude, *self.extend_exclude))
+
+    def ignored_for_file(self, path: Path) -> tuple[str, ...]:
+        relative = self.relative(path) or PurePosixPath(path.name)
+        ignored: list[str] = []
+        for pattern, codes in self.per_file_ignores:
+            if path_matches(pattern, relative) or fnmatch.fnmatchcase(relative.name, pattern):
+                ignored.extend(codes)
+        return tuple(ignored)
