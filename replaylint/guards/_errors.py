@@ -1,0 +1,30 @@
+"""Exception and warning classes raised by the dtype guards."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DtypeGuardError",
+    "DtypeGuardWarning",
+    "GateCacheDtypeError",
+    "GateCacheDtypeWarning",
+]
+
+
+class DtypeGuardError(TypeError):
+    """A guarded argument has the wrong dtype, is not a tensor, or cannot be cast.
+
+    Raised by functions decorated with :func:`replaylint.guards.require_dtypes`. A ``TypeError``
+    so that code which already handles bad argument types keeps working.
+    """
+
+
+class GateCacheDtypeError(DtypeGuardError):
+    """The ReplaySSM gate cache is not float32 (raised by ``@fp32_gate_cache``)."""
+
+
+class DtypeGuardWarning(UserWarning):
+    """A guard passed or cast an argument of the wrong dtype (policies ``"warn"``/``"cast"``)."""
+
+
+class GateCacheDtypeWarning(DtypeGuardWarning):
+    """The ReplaySSM gate cache is not float32 and was cast or passed through unchanged."""
