@@ -1,0 +1,185 @@
+"""The Helion ReplaySSM KDA decode kernel body and its compiled / interpreted instances.
+
+Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
+lazily, on the first kernel call.
+
+One program per (row b, value head hv). Its work is ordered so that every byte is read once:
+
+1. scalars and K-vectors: slot, cursor, flush flag; q, k (optionally L2-normalised), the gate
+   g, alpha = exp(g), beta;
+2. the ring's K side, once: the live g rows (j < c) and k rows, their prefix sums and the
+   decayed keys ``W_j = exp(G_T - G_j) * k_j`` — one exp per (row, channel) — folded with
+   ``alpha * q_s`` and ``alpha * k`` into two length-L weight vectors;
+3. a loop over V tiles: each reads its slice of the checkpoint S0 and of the live d rows once,
+   and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S; only a
+   flushing program forms S (row by row over the ring) and writes it back.
+
+All arithmetic is float32 whatever the storage dtypes.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import helion
+import helion.language as hl
+import torch
+from helion.runtime.ref_mode import RefMode
+
+from replaylint.kernels._configs import ConfigKey, config_from_key
+
+__all__ = ["compiled_kernel", "interpreted_kernel"]
+
+
+def replayssm_decode_body(
+    q: torch.Tensor,  # [B, H, K]  views into mixed_qkv
+    k: torch.Tensor,  # [B, H, K]
+    v: torch.Tensor,  # [B, HV, V]
+    a: torch.Tensor,  # [B, HV, K]
+    b: torch.Tensor,  # [B, HV]
+    A_log: torch.Tensor,  # [HV]
+    dt_bias: torch.Tensor,  # [HV, K]
+    state: torch.Tensor,  # [slots, HV, V, K]
+    d_cache: torch.Tensor,  # [slots, HV, L, V]
+    k_cache: torch.Tensor,  # [slots, H, L, K]
+    g_cache: torch.Tensor,  # [slots, HV, L, K]
+    out: torch.Tensor,  # [B, HV, V]  (out[:, 0])
+    slot_idx: torch.Tensor,  # [B] int32
+    write_pos: torch.Tensor,  # [B] int32
+    force_flush: torch.Tensor,  # [B] int32 (read only when has_force_flush)
+    scale: float,
+    lower_bound: float,  # used only when bounded
+    use_l2: hl.constexpr,
+    bounded: hl.constexpr,
+    has_force_flush: hl.constexpr,
+    slot_dtype: hl.constexpr,  # torch.int64 when offsets pass int32 (huge pool views)
+    interpret: hl.constexpr,
+) -> None:
+    B = q.size(0)
+    H = hl.specialize(q.size(1))
+    K = hl.specialize(q.size(2))
+    HV = hl.specialize(v.size(1))
+    V = hl.specialize(v.size(2))
+    L = hl.specialize(d_cache.size(2))
+    num_slots = state.size(0)
+    group = HV // H
+    block_v = hl.register_block_size(V)
+    for bi, hv in hl.grid([B, HV]):
+        slot = slot_idx[bi].to(slot_dtype)  # so slot * slot_stride cannot wrap
+        # Padding rows (negative index) and indices past the pool touch nothing.
+        if (slot >= 0) & (slot < num_slots):
+            h = hv // group
+            # Clamp the cursor so a stale or corrupt write_pos can never address memory
+            # outside the ring; c >= L - 1 flushes.
+            c = torch.clamp(write_pos[bi], 0, L - 1)
+            flush = c == L - 1
+            if has_force_flush:
+                flush = flush | (force_flush[bi] != 0)
+
+            # 1. The token: q, k (full K), the gate and beta.
+            qv = q[bi, h, :].to(torch.float32)
+            kv = k[bi, h, :].to(torch.float32)
+            if use_l2:
+                qv = qv * torch.rsqrt(torch.sum(qv * qv, -1) + 1e-6)
+                kv = kv * torch.rsqrt(torch.sum(kv * kv, -1) + 1e-6)
+            qs = qv * scale
+            x = a[bi, hv, :].to(torch.float32) + dt_bias[hv, :].to(torch.float32)
+            A = torch.exp(A_log[hv].to(torch.float32))
+            if bounded:
+                g = lower_bound * torch.sigmoid(A * x)
+            else:
+                g = -A * torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
+            alpha = torch.exp(g)
+            b_val = b[bi, hv]
+            beta = torch.sigmoid(b_val.to(torch.float32)).to(b_val.dtype).to(torch.float32)
+
+            # 2. The ring's K side, once per program. Rows j >= c are masked off the loads, so
+            #    they cost no bandwidth and stale values in them are never read.
+            rows = hl.arange(L)
+            live = rows < c
+            live_k = live[:, None] & (hl.arange(K)[None, :] >= 0)
+            g_ring = hl.load(g_cache, [slot, hv, slice(None), slice(None)], extra_mask=live_k)
+            g_prefix = hl.cumsum(g_ring, 0)  # G_j
+            g_total = torch.sum(g_ring, 0)  # G_T
+            k_ring = hl.load(k_cache, [slot, h, slice(None), slice(None)], extra_mask=live_k)
+            decay = torch.where(live[:, None], torch.exp(g_total[None, :] - g_prefix), 0.0)
+            w = decay * k_ring.to(torch.float32)  # W_j = exp(G_T - G_j) * k_j   [L, K]
+            aq = alpha * qs
+            ak = alpha * kv
+            e_total = torch.exp(g_total)
+            u_q = e_total * aq  # S0 @ u_q is S0's part of S @ (alpha * q_s)
+            u_k = e_total * ak
+            w_q = torch.sum(w * aq[None, :], 1)  # the ring's part, per ring row   [L]
+            w_k = torch.sum(w * ak[None, :], 1)
+            kq = torch.sum(kv * qs, -1)
+
+            # 3. V tiles: read S0 and the d rows once, emit out, then flush or append.
+            for tv in hl.tile(V, block_size=block_v):
+                s0 = state[slot, hv, tv, :].to(torch.float32)  # [BV, K]
+                if interpret:
+                    # Same values; the interpreter's masked load does not take this index mix.
+                    d_ring = torch.where(
+                        live[:, None], d_cache[slot, hv, :, tv].to(torch.float32), 0.0
+                    )
+                else:
+                    d_ring = hl.load(
+                        d_cache,
+                        [slot, hv, slice(None), tv],
+                        extra_mask=live[:, None] & (tv.index[None, :] >= 0),
+                    ).to(torch.float32)  # [L, BV]
+                state_q = torch.sum(s0 * u_q[None, :], 1) + torch.sum(d_ring * w_q[:, None], 0)
+                state_k = torch.sum(s0 * u_k[None, :], 1) + torch.sum(d_ring * w_k[:, None], 0)
+                delta = beta * (v[bi, hv, tv].to(torch.float32) - state_k)
+                out[bi, hv, tv] = (state_q + delta * kq).to(out.dtype)
+                if flush:
+                    # Form S = S0 * exp(G_T) + sum_j d_j (x) W_j row by row. A matmul over the
+                    # ring would keep a replicated copy of W live in registers for every
+                    # program; flushing programs are 1 in L, so they re-read the (cached) ring
+                    # rows and recompute W_j instead.
+                    s_full = s0 * e_total[None, :]
+                    g_run = hl.zeros([K], dtype=torch.float32)
+                    for j in hl.grid(c):
+                        g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
+                        w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(torch.float32)
+                        d_j = d_cache[slot, hv, j, tv].to(torch.float32)
+                        s_full = s_full + d_j[:, None] * w_j[None, :]
+                    s_new = s_full * alpha[None, :] + delta[:, None] * kv[None, :]
+                    state[slot, hv, tv, :] = s_new.to(state.dtype)
+                else:
+                    d_cache[slot, hv, c, tv] = delta.to(d_cache.dtype)
+            if not flush:
+                g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
+                if hv % group == 0:  # one writer per key head under GQA
+                    k_cache[slot, h, c, :] = kv.to(k_cache.dtype)
+        else:
+            for tv_pad in hl.tile(V, block_size=block_v):
+                out[bi, hv, tv_pad] = hl.zeros([tv_pad], dtype=out.dtype)
+
+
+# Shapes stay dynamic: one compile serves every batch size and pool stride (head counts and
+# head/ring sizes are specialised inside the body).
+_SETTINGS: dict[str, Any] = {"static_shapes": False}
+
+
+@functools.cache
+def compiled_kernel(config: ConfigKey, index_dtype: torch.dtype) -> Any:
+    """The compiled (Triton) kernel for one fixed config; never autotunes."""
+    return helion.kernel(
+        replayssm_decode_body,
+        config=helion.Config(**config_from_key(config)),
+        ref_mode=RefMode.OFF,
+        index_dtype=index_dtype,
+        **_SETTINGS,
+    )
+
+
+@functools.cache
+def interpreted_kernel(block_v: int) -> Any:
+    """The same body run eagerly by Helion's interpreter (``RefMode.EAGER``), for CPU tensors."""
+    return helion.kernel(
+        replayssm_decode_body,
+        config=helion.Config(block_sizes=[block_v]),
+        ref_mode=RefMode.EAGER,
+        **_SETTINGS,
+    )

@@ -1,0 +1,223 @@
+"""Every argument check of the decode entry: a ValueError naming the argument, the expectation
+and what was given (the gate cache's dtype is the guard's: GateCacheDtypeError)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from replaylint.guards import GateCacheDtypeError  # noqa: E402
+from replaylint.kernels import (  # noqa: E402
+    recurrent_decode_reference,
+    replayssm_decode,
+    replayssm_decode_reference,
+)
+
+B, H, HV, K, V, L, S = 3, 2, 4, 16, 16, 4, 5
+
+
+def valid_args() -> dict[str, Any]:
+    return {
+        "mixed_qkv": torch.randn(B, 2 * H * K + HV * V),
+        "a": torch.randn(B, HV, K),
+        "b": torch.randn(B, HV),
+        "A_log": torch.randn(HV),
+        "dt_bias": torch.randn(HV, K),
+        "scale": K**-0.5,
+        "initial_state": torch.randn(S, HV, V, K),
+        "d_cache": torch.randn(S, HV, L, V),
+        "k_cache": torch.randn(S, H, L, K),
+        "g_cache": torch.randn(S, HV, L, K),
+        "out": torch.empty(B, 1, HV, V),
+        "ssm_state_indices": torch.tensor([0, -1, 2], dtype=torch.int32),
+        "write_pos": torch.tensor([0, 1, 3], dtype=torch.int32),
+        "force_flush": torch.tensor([0, 0, 1], dtype=torch.int32),
+        "use_qk_l2norm_in_kernel": True,
+        "lower_bound": None,
+    }
+
+
+def _noncontig_last(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]
+
+
+def _transposed_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(name: str, value: Callable[[], object]) -> Mutation:
+    def mutate(args: dict[str, Any]) -> None:
+        args[name] = value()
+
+    return mutate
+
+
+def _set_shaped(name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Mutation:
+    if dtype.is_floating_point:
+        return _set(name, lambda: torch.randn(*shape, dtype=dtype))
+    return _set(name, lambda: torch.zeros(*shape, dtype=dtype))
+
+
+W = 2 * H * K + HV * V
+# (argument named in the message, mutation, what the message must mention)
+CASES: list[tuple[str, Mutation, str]] = [
+    ("mixed_qkv", _set("mixed_qkv", lambda: [1.0]), "torch.Tensor"),
+    ("mixed_qkv", _set_shaped("mixed_qkv", (B, W, 1)), "2-D"),
+    ("mixed_qkv", _set_shaped("mixed_qkv", (B, W + 1)), f"({B}, {W})"),
+    ("mixed_qkv", _set_shaped("mixed_qkv", (B, W), torch.int32), "floating"),
+    ("mixed_qkv", _set("mixed_qkv", lambda: _noncontig_last((B, W))), "contiguous last"),
+    ("a", _set_shaped("a", (B, HV, K, 1)), "2 or 3-D"),
+    ("a", _set_shaped("a", (B, HV, K + 1)), "[B, HV, K]"),
+    ("a", _set_shaped("a", (B, HV * K + 1)), "[B, HV*K]"),
+    ("a", _set_shaped("a", (B, HV, K), torch.int64), "floating"),
+    ("a", _set("a", lambda: _transposed_copy(torch.randn(B, HV, K))), "contiguous"),
+    ("b", _set_shaped("b", (B, HV + 1)), "[B, HV]"),
+    ("b", _set_shaped("b", (B,)), "2-D"),
+    ("b", _set_shaped("b", (B, HV), torch.int32), "floating"),
+    ("A_log", _set_shaped("A_log", (HV, 1)), "1-D"),
+    ("A_log", _set_shaped("A_log", (HV + 1,)), "[HV]"),
+    ("A_log", _set_shaped("A_log", (HV,), torch.bfloat16), "float32"),
+    ("dt_bias", _set_shaped("dt_bias", (HV, K + 1)), "[HV, K]"),
+    ("dt_bias", _set_shaped("dt_bias", (HV * K + 1,)), "[HV*K]"),
+    ("dt_bias", _set_shaped("dt_bias", (HV, K), torch.float16), "float32"),
+    ("dt_bias", _set("dt_bias", lambda: _transposed_copy(torch.randn(HV, K))), "contiguous"),
+    ("scale", _set("scale", lambda: "0.25"), "float"),
+    ("scale", _set("scale", lambda: True), "float"),
+    ("scale", _set("scale", lambda: float("nan")), "finite"),
+    ("initial_state", _set_shaped("initial_state", (S, HV, V)), "4-D"),
+    ("initial_state", _set_shaped("initial_state", (S, HV, V, K), torch.int32), "float32"),
+    (
+        "initial_state",
+        _set("initial_state", lambda: _noncontig_last((S, HV, V, K))),
+        "contiguous last",
+    ),
+    ("d_cache", _set_shaped("d_cache", (S, HV, L)), "4-D"),
+    ("d_cache", _set_shaped("d_cache", (S, HV, 0, V)), ">= 1"),
+    ("d_cache", _set_shaped("d_cache", (S + 1, HV, L, V)), "[slots, HV, L, V]"),
+    ("d_cache", _set_shaped("d_cache", (S, HV, L, V + 1)), "[slots, HV, L, V]"),
+    ("d_cache", _set_shaped("d_cache", (S, HV, L, V), torch.int32), "floating"),
+    ("d_cache", _set("d_cache", lambda: _noncontig_last((S, HV, L, V))), "contiguous last"),
+    ("k_cache", _set_shaped("k_cache", (S, 3, L, K)), "divides HV"),
+    ("k_cache", _set_shaped("k_cache", (S - 1, H, L, K)), "[slots, H, L, K]"),
+    ("k_cache", _set_shaped("k_cache", (S, H, L, K + 1)), "[slots, H, L, K]"),
+    ("k_cache", _set_shaped("k_cache", (S, H, L, K), torch.bfloat16), "same dtype as d_cache"),
+    ("k_cache", _set("k_cache", lambda: _noncontig_last((S, H, L, K))), "contiguous last"),
+    ("g_cache", _set_shaped("g_cache", (S, HV, L)), "4-D"),
+    ("g_cache", _set_shaped("g_cache", (S + 2, HV, L, K)), "[slots, HV, L, K]"),
+    ("g_cache", _set("g_cache", lambda: _noncontig_last((S, HV, L, K))), "contiguous last"),
+    ("out", _set_shaped("out", (B, HV, V)), "4-D"),
+    ("out", _set_shaped("out", (B, 2, HV, V)), "[B, 1, HV, V]"),
+    ("out", _set_shaped("out", (B, 1, HV, V), torch.int32), "floating"),
+    ("out", _set("out", lambda: _transposed_copy(torch.empty(B, 1, HV, V))), "contiguous"),
+    ("ssm_state_indices", _set_shaped("ssm_state_indices", (B,), torch.int64), "int32"),
+    ("ssm_state_indices", _set_shaped("ssm_state_indices", (B + 1,), torch.int32), "[B]"),
+    ("ssm_state_indices", _set_shaped("ssm_state_indices", (B, 1), torch.int32), "1-D"),
+    ("write_pos", _set_shaped("write_pos", (B,), torch.int64), "int32"),
+    ("write_pos", _set_shaped("write_pos", (B - 1,), torch.int32), "[B]"),
+    ("force_flush", _set_shaped("force_flush", (B,), torch.bool), "int32"),
+    ("force_flush", _set_shaped("force_flush", (B + 1,), torch.int32), "[B]"),
+    ("use_qk_l2norm_in_kernel", _set("use_qk_l2norm_in_kernel", lambda: 1), "bool"),
+    ("lower_bound", _set("lower_bound", lambda: 5.0), "negative"),
+    ("lower_bound", _set("lower_bound", lambda: 0.0), "negative"),
+    ("lower_bound", _set("lower_bound", lambda: float("-inf")), "negative"),
+    ("lower_bound", _set("lower_bound", lambda: "-5"), "negative"),
+    ("b", _set("b", lambda: torch.randn(B, HV, device="meta")), "device"),
+    (
+        "write_pos",
+        _set("write_pos", lambda: torch.zeros(B, dtype=torch.int32, device="meta")),
+        "device",
+    ),
+]
+
+
+# The reference takes a float64 state (it is the high-precision oracle); the kernel does not.
+KERNEL_ONLY: list[tuple[str, Mutation, str]] = [
+    ("initial_state", _set_shaped("initial_state", (S, HV, V, K), torch.float64), "float32"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argument", "mutate", "mentions"),
+    KERNEL_ONLY,
+    ids=[f"{name}-kernel-only-{i}" for i, (name, _, _) in enumerate(KERNEL_ONLY)],
+)
+def test_kernel_only_violations(argument: str, mutate: Mutation, mentions: str) -> None:
+    test_each_violation_names_the_argument(replayssm_decode, argument, mutate, mentions)
+
+
+@pytest.mark.parametrize(
+    ("argument", "mutate", "mentions"),
+    CASES,
+    ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)],
+)
+@pytest.mark.parametrize("entry", [replayssm_decode, replayssm_decode_reference])
+def test_each_violation_names_the_argument(
+    entry: Callable[..., object], argument: str, mutate: Mutation, mentions: str
+) -> None:
+    args = valid_args()
+    mutate(args)
+    with pytest.raises(ValueError, match="expected") as info:
+        entry(**args)
+    message = str(info.value)
+    assert message.startswith(f"{argument}:"), message
+    assert "got" in message
+    assert mentions in message, message
+
+
+def test_validation_runs_before_any_write() -> None:
+    args = valid_args()
+    snapshot = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    args["write_pos"] = args["write_pos"].to(torch.int64)
+    with pytest.raises(ValueError, match="write_pos"):
+        replayssm_decode(**args)
+    for name, before in snapshot.items():
+        if name != "write_pos":
+            assert torch.equal(before, args[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_entry_rejects_a_low_precision_gate_cache(dtype: torch.dtype) -> None:
+    args = valid_args()
+    args["g_cache"] = args["g_cache"].to(dtype)
+    with pytest.raises(GateCacheDtypeError):
+        replayssm_decode(**args)
+
+
+def test_reference_rejects_a_low_precision_gate_cache() -> None:
+    args = valid_args()
+    args["g_cache"] = args["g_cache"].to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^g_cache: expected dtype in \{float32, float64\}"):
+        replayssm_decode_reference(**args)
+
+
+def test_reference_takes_float64_everywhere() -> None:
+    args = {
+        k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in valid_args().items()
+    }
+    out, state = replayssm_decode_reference(**args)
+    assert out.dtype == torch.float64
+    assert state.dtype == torch.float64
+    assert torch.isfinite(out).all()
+
+
+def test_recurrent_reference_checks_its_arguments() -> None:
+    args = valid_args()
+    common = {k: args[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "out")}
+    idx = args["ssm_state_indices"]
+    with pytest.raises(ValueError, match=r"^state: expected a 4-D tensor"):
+        recurrent_decode_reference(**common, state=torch.randn(S, HV, V), ssm_state_indices=idx)
+    bad = dict(common, mixed_qkv=torch.randn(B, W + 3))
+    with pytest.raises(ValueError, match=r"^mixed_qkv: expected width 2\*H\*K \+ HV\*V"):
+        recurrent_decode_reference(**bad, state=args["initial_state"], ssm_state_indices=idx)
+    out, _ = recurrent_decode_reference(
+        **common, state=args["initial_state"], ssm_state_indices=idx
+    )
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
