@@ -1,4 +1,4 @@
-"""ReplaySSM decode vs flash-linear-attention's plain KDA decode on one GPU (issue 7, first cut).
+"""ReplaySSM decode vs flash-linear-attention's plain KDA decode on one GPU (issue 7).
 
 Times, in one run and on the same inputs (H = HV = 32, K = V = 128, L = 16, bf16
 activations), for B in {1, 16, 64, 256, 512} and fp32 / bf16 state:
@@ -13,8 +13,15 @@ activations), for B in {1, 16, 64, 256, 512} and fp32 / bf16 state:
 * the bandwidth floor: the bytes a steady-state ReplaySSM step must move over the
   device-to-device copy bandwidth measured in the same run.
 
-Also: host time per eager ``replayssm_decode`` call at B = 1 (guard + validation + dispatch +
-launch). Writes JSON (``--out``) and prints a table. Needs CUDA and fla-core 0.6.0.
+Also: host time per eager call at B = 1 (guard + validation + dispatch + launch) of
+``replayssm_decode`` and of ``ReplaySSMCache.decode``, and of the validation alone. Writes JSON
+(``--out``) and prints a table. Needs CUDA and fla-core 0.6.0.
+
+    python benchmarks/decode_kernel.py --out decode_kernel.json [--configs tune.json]
+
+``--configs`` runs with the configs a tuning run selected (its ``selected`` entry) instead of
+the shipped ones in replaylint/kernels/_configs.py. Without a GPU,
+``--plot decode_kernel.json --png docs/decode_kernel.png`` draws a saved run (matplotlib).
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from typing import Any
 
 import torch
 
-from replaylint.kernels import ReplaySSMCache, replayssm_decode
+from replaylint.kernels import ReplaySSMCache, _decode, replayssm_decode
+from replaylint.kernels._configs import CONFIGS
+from replaylint.kernels._validate import validate_decode_args
 
 H = HV = 32
 K = V = 128
@@ -91,7 +100,7 @@ def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_ours(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
+def bench_ours(batch: int, state_dtype: torch.dtype) -> dict[str, Any]:
     import triton.testing
 
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -129,7 +138,7 @@ def bench_ours(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
 
     def kernel_only() -> None:
         # The kernel alone at fixed staggered cursors (no cursor advance): the same mix of
-        # appends and flushes per launch, without the few tiny kernels that move cursors.
+        # appends and flushes per launch, without the small launch that moves cursors.
         for inp in inputs:
             replayssm_decode(
                 inp["mixed_qkv"],
@@ -154,7 +163,7 @@ def bench_ours(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
     eager_ms = float(triton.testing.do_bench(cycle, rep=200)) / L
     graph_ms = time_graph(graph_of(cycle)) / L
     kernel_ms = time_graph(graph_of(kernel_only)) / L
-    result = {
+    result: dict[str, Any] = {
         "eager_us": eager_ms * 1e3,
         "graph_us": graph_ms * 1e3,
         "graph_kernel_only_us": kernel_ms * 1e3,
@@ -170,8 +179,8 @@ def host_time_per_call(
     A_log: torch.Tensor,
     dt_bias: torch.Tensor,
     idx: torch.Tensor,
-) -> float:
-    """Wall time of one eager replayssm_decode call on the host (B = 1: the GPU waits on it)."""
+) -> dict[str, float]:
+    """Host wall time per eager call at B = 1 (the GPU waits on the host there), microseconds."""
     out = torch.empty(1, 1, HV, V, dtype=torch.bfloat16, device=DEV)
     write_pos = cache.write_pos_for(idx)
     args = (
@@ -192,16 +201,43 @@ def host_time_per_call(
         True,
         None,
     )
-    for _ in range(50):
-        replayssm_decode(*args)
-    torch.cuda.synchronize()
-    n = 2000
-    start = time.perf_counter()
-    for _ in range(n):
-        replayssm_decode(*args)
-    host = (time.perf_counter() - start) / n
-    torch.cuda.synchronize()
-    return host * 1e6
+
+    def per_call_us(fn: Any) -> float:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        n = 2000
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = (time.perf_counter() - start) / n
+        torch.cuda.synchronize()
+        return host * 1e6
+
+    def cache_step() -> None:
+        cache.decode(
+            inp["mixed_qkv"],
+            inp["a"],
+            inp["b"],
+            A_log,
+            dt_bias,
+            K**-0.5,
+            out,
+            idx,
+            use_qk_l2norm_in_kernel=True,
+        )
+
+    shapes = validate_decode_args(*args, reference=False)
+    tensors = _decode.kernel_tensors(shapes, 2, *args[:5], *args[6:14])
+    return {
+        "replayssm_decode": per_call_us(lambda: replayssm_decode(*args)),
+        # Everything after validation: views, config choice, launcher lookup, launch.
+        "dispatch_and_launch": per_call_us(lambda: _decode._launch(shapes, *args)),
+        "views": per_call_us(lambda: _decode.kernel_tensors(shapes, 2, *args[:5], *args[6:14])),
+        "index_dtype": per_call_us(lambda: _decode.index_dtype(tensors)),
+        "cache_decode": per_call_us(cache_step),
+        "validation_only": per_call_us(lambda: validate_decode_args(*args, reference=False)),
+    }
 
 
 def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
@@ -250,10 +286,61 @@ def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
     return {"eager_us": eager_ms * 1e3, "graph_us": graph_ms * 1e3, "pool_changed": changed}
 
 
+def plot(report: dict[str, Any], png: Path) -> None:
+    """Time per step against B, one panel per state dtype: ours, fla, the bandwidth floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, label in zip(axes, ("fp32", "bf16"), strict=True):
+        rows = [r for r in report["rows"] if r["state"] == label]
+        batches = [r["B"] for r in rows]
+        series = {
+            "ReplaySSM step (kernel + cursor step), graph": [r["ours"]["graph_us"] for r in rows],
+            "ReplaySSM kernel alone, graph": [r["ours"]["graph_kernel_only_us"] for r in rows],
+            "fla fused_recurrent_kda_fwd (plain), graph": [
+                r["fla"].get("graph_us", float("nan")) for r in rows
+            ],
+            "bandwidth floor (bytes / copy bandwidth)": [r["floor_us"] for r in rows],
+        }
+        styles = ["o-", "s--", "^-", "k:"]
+        for (name, values), style in zip(series.items(), styles, strict=True):
+            ax.plot(batches, values, style, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch B (rows)")
+        ax.set_title(f"{label} state (H = HV = 32, K = V = 128, L = 16)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("time per decode step (us)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        f"{report['device']}, {report['date']}, copy bandwidth "
+        f"{report['copy_bandwidth_TBps']:.2f} TB/s; CUDA-graph replay, steady state over a ring"
+        " cycle",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("decode_kernel.json"))
+    parser.add_argument("--configs", type=Path, help="a tune_decode_kernel.py JSON to run with")
+    parser.add_argument("--plot", type=Path, help="draw this saved JSON instead of running")
+    parser.add_argument("--png", type=Path, default=Path("decode_kernel.png"))
     opts = parser.parse_args()
+    if opts.plot is not None:
+        plot(json.loads(opts.plot.read_text()), opts.png)
+        print(f"wrote {opts.png}")
+        return
+    configs = dict(CONFIGS)
+    if opts.configs is not None:
+        configs.update(json.loads(opts.configs.read_text())["selected"])
+        _decode.CONFIG_OVERRIDE = configs
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernel.py needs a CUDA device")
     import triton
@@ -271,6 +358,7 @@ def main() -> None:
         "versions": versions,
         "copy_bandwidth_TBps": bandwidth / 1e12,
         "shape": {"H": H, "HV": HV, "K": K, "V": V, "L": L},
+        "configs": configs,
         "rows": [],
     }
     print(f"{report['device']} {versions} copy {bandwidth / 1e12:.2f} TB/s")
@@ -301,8 +389,16 @@ def main() -> None:
                 f"{row['fla'].get('eager_us', float('nan')):9.1f} {gbps:6.0f} {fla / ours:8.2f}"
             )
             opts.out.write_text(json.dumps(report, indent=2))
-    host = next(r["ours"]["host_us_per_call"] for r in report["rows"] if r["B"] == 1)
-    print(f"host time per eager replayssm_decode call at B = 1: {host:.1f} us")
+    for row in report["rows"]:
+        if row["B"] == 1:
+            host = row["ours"]["host_us_per_call"]
+            print(
+                f"{row['state']} B = 1 host us per eager call: replayssm_decode "
+                f"{host['replayssm_decode']:.1f}, ReplaySSMCache.decode {host['cache_decode']:.1f}"
+                f", validation {host['validation_only']:.1f}, dispatch + launch "
+                f"{host['dispatch_and_launch']:.1f} (views {host['views']:.1f}, "
+                f"index dtype {host['index_dtype']:.1f})"
+            )
     print(f"wrote {opts.out}")
 
 

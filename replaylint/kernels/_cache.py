@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from replaylint.guards import as_fp32_gate_cache
-from replaylint.kernels._decode import replayssm_decode
+from replaylint.kernels._decode import decode_with_cursor_step
 from replaylint.kernels._validate import STATE_DTYPES
 
 __all__ = ["ReplaySSMCache", "next_write_pos"]
@@ -161,10 +161,14 @@ class ReplaySSMCache:
         use_qk_l2norm_in_kernel: bool = False,
         lower_bound: float | None = None,
     ) -> torch.Tensor:
-        """Run one decode step on this pool with :func:`replayssm_decode`, then advance the
-        cursors of the rows in the batch. Returns ``out``."""
-        write_pos = self.write_pos_for(ssm_state_indices)
-        replayssm_decode(
+        """Run one decode step on this pool with :func:`replayssm_decode`, advancing the
+        cursors of the rows in the batch. Returns ``out``.
+
+        Arguments are validated first (nothing moves on an error); then one small launch
+        gathers the rows' cursors and advances them, and the decode kernel runs on the
+        gathered values (two launches per step, no synchronisation).
+        """
+        decode_with_cursor_step(
             mixed_qkv,
             a,
             b,
@@ -177,12 +181,11 @@ class ReplaySSMCache:
             self.g_cache,
             out,
             ssm_state_indices,
-            write_pos,
+            self.write_pos,
             force_flush,
             use_qk_l2norm_in_kernel,
             lower_bound,
         )
-        self.advance(ssm_state_indices, write_pos, force_flush)
         return out
 
     def reset(self, slots: Sequence[int] | torch.Tensor) -> None:

@@ -1,19 +1,24 @@
-"""Fixed Helion configs for the decode kernel, one per regime, chosen on an H200.
+"""Fixed launch configs for the decode kernel, one per regime, chosen on an H200.
 
-Chosen with ``benchmarks/tune_decode_kernel.py`` (last run: ``--quick``, 2026-11-29, NVIDIA H200,
-torch 2.11, triton 3.6, helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``). Earlier
-full sweeps that day (block_v 16/32/64 x 2/4/8 warps x both grid orders, and pipelining of the
-V loop) found: 8 warps 1.5-2x slower everywhere, block_v 64 spilling at B = 256 but best at
-small B, and ``range_num_stages=2`` within 0.1 us of the same config without it. Times under
-CUDA-graph replay, steady-state cursors (1 row in 16 flushes):
+A config is the V split (how many programs share one (row, value head): each takes
+``V / split`` rows of the state) plus Helion's config: the V tile each program loops over
+(``block_sizes``), ``num_warps`` and ``num_stages``.
 
-* ``fp32``  (Kimi B = 256, fp32 state and rings): 268.0 us (block_v 32 / 4 warps: 276.8 us);
-* ``half``  (Kimi B = 256, bf16 state and rings): 235.8 us (block_v 32 / 4 warps: 279.3 us);
-* ``small`` (Kimi B = 4, fp32 / bf16; K3 TP8 HV = 12, B = 16): 7.2 / 7.1 / 14.7 us.
+Chosen with ``benchmarks/tune_decode_kernel.py`` (2026-11-29, NVIDIA H200, torch 2.11,
+triton 3.6, helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``). Kernel-only times
+under CUDA-graph replay, steady-state cursors (1 row in 16 flushes), H = HV = 32, K = V = 128:
 
-The pipelined variants tied within noise; the entries below are the ones the GPU test suite ran
-with. The kernel never autotunes at call time: a call picks one of these by the state dtype and
-the number of (row, value head) programs it launches.
+* ``small`` (B * HV < 512): split 4, V tile 32, 2 warps: B = 1 fp32 4.7 us (split 1: 6.7),
+  B = 4 bf16 6.8 us, K3 TP8 (HV = 12, lb = -5) B = 16 bf16 11.6 us;
+* ``mid`` (512 <= B * HV < 4096): split 2, V tile 16, 2 warps: B = 16 / 64 fp32 27.6 / 87.0 us
+  (split 1: 41.0 / 100.6), bf16 28.8 / 81.6 us;
+* ``fp32`` / ``half`` (larger launches): split 1, V tile 16, 2 warps: B = 256 266.9 / 238.5 us
+  (split 2: 271.4 / 268.6; 4 warps or a V tile of 32: 278-300).
+
+Every candidate was checked against the first (the one the GPU test suite ran) on the same
+inputs: outputs, state and rings agree to 1e-5 (fp32) / 5e-3 (bf16 outputs). The kernel never
+autotunes at call time: a call picks one of these by the number of (row, value head) pairs it
+launches and the state's dtype.
 """
 
 from __future__ import annotations
@@ -22,35 +27,63 @@ from typing import Any
 
 import torch
 
-__all__ = ["ConfigKey", "config_from_key", "config_key", "interpreter_block_v", "select_config"]
+__all__ = [
+    "ConfigKey",
+    "config_from_key",
+    "config_key",
+    "regime",
+    "select_config",
+]
 
-# Plain dicts of helion.Config keyword arguments (helion is imported only when a kernel runs).
+# Plain dicts: "split" for the launch, the rest are helion.Config keyword arguments (helion is
+# imported only when a kernel runs).
 Config = dict[str, Any]
 
-# "small": fewer than SMALL_GRID programs (B * HV), e.g. 4 or 12 local heads at TP8, or small B.
-# With few programs each one's serial V loop is the latency; a wide V tile shortens it.
-SMALL_GRID = 512
+# Regimes by the number of (row, value head) pairs B * HV: "small" (e.g. B < 16 at 32 heads,
+# or 4 / 12 local heads at TP8), "mid", then the large regimes by state dtype.
+SMALL_PAIRS = 512
+MID_PAIRS = 4096
 
 CONFIGS: dict[str, Config] = {
-    "fp32": {"block_sizes": [16], "num_warps": 2, "num_stages": 1, "loop_orders": [[1, 0]]},
-    "half": {"block_sizes": [16], "num_warps": 2, "num_stages": 1, "loop_orders": [[1, 0]]},
-    "small": {"block_sizes": [64], "num_warps": 4, "num_stages": 1, "loop_orders": [[0, 1]]},
+    "small": {"split": 4, "block_sizes": [32], "num_warps": 2, "num_stages": 1},
+    "mid": {"split": 2, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
+    "fp32": {"split": 1, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
+    "half": {"split": 1, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
 }
 
 
-def regime(state_dtype: torch.dtype, programs: int) -> str:
-    """The regime a launch falls in: by its grid size, then by the state's dtype."""
-    if programs < SMALL_GRID:
+def regime(state_dtype: torch.dtype, pairs: int) -> str:
+    """The regime a launch falls in: by its (row, value head) count, then the state dtype."""
+    if pairs < SMALL_PAIRS:
         return "small"
+    if pairs < MID_PAIRS:
+        return "mid"
     return "fp32" if state_dtype == torch.float32 else "half"
 
 
-def select_config(state_dtype: torch.dtype, programs: int, head_v_dim: int) -> Config:
-    """The fixed config for a launch, its V tile clipped to the value dimension."""
-    config = dict(CONFIGS[regime(state_dtype, programs)])
-    block_v = min(config["block_sizes"][0], _next_power_of_2(head_v_dim))
-    config["block_sizes"] = [max(block_v, 1)]
-    return config
+def select_config(
+    state_dtype: torch.dtype, pairs: int, head_v_dim: int, configs: dict[str, Config] | None = None
+) -> tuple[int, Config]:
+    """The V split and the Helion config for a launch (the split made to divide V, the V tile
+    clipped to the slice)."""
+    chosen = (CONFIGS if configs is None else configs)[regime(state_dtype, pairs)]
+    split = fit_split(int(chosen["split"]), head_v_dim)
+    helion_config = {name: value for name, value in chosen.items() if name != "split"}
+    block_v = min(int(helion_config["block_sizes"][0]), next_power_of_2(head_v_dim // split))
+    helion_config["block_sizes"] = [block_v]
+    return split, helion_config
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def fit_split(split: int, head_v_dim: int) -> int:
+    """The largest divisor of V not above ``split`` (V = 96 with split 8 gives 8; V = 20, 5)."""
+    split = max(1, min(split, head_v_dim))
+    while head_v_dim % split:
+        split -= 1
+    return split
 
 
 # A config as a hashable key (nested lists become tuples), so compiled kernels can be cached.
@@ -71,12 +104,3 @@ def _freeze(value: Any) -> Any:
 
 def _thaw(value: Any) -> Any:
     return [_thaw(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-
-def interpreter_block_v(head_v_dim: int) -> int:
-    """The interpreter takes all of V in one tile: fewer Python iterations, the same math."""
-    return _next_power_of_2(head_v_dim)
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()

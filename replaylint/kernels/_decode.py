@@ -1,18 +1,39 @@
-"""``replayssm_decode``: the public entry of the bundled kernel (validate, then dispatch)."""
+"""``replayssm_decode``: the public entry of the bundled kernel (validate, then dispatch).
+
+Host cost matters at small batch, where the GPU waits on the CPU: validation reads metadata
+only, the views are a handful, and a launch goes straight to the compiled Triton launcher that
+Helion produced on the first call with the same specialisation (see :func:`_launcher`).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from replaylint.guards import fp32_gate_cache
-from replaylint.kernels._configs import config_key, interpreter_block_v, select_config
+from replaylint.kernels._configs import (
+    Config,
+    config_key,
+    fit_split,
+    next_power_of_2,
+    select_config,
+)
 from replaylint.kernels._validate import DecodeShapes, validate_decode_args
 
-__all__ = ["replayssm_decode"]
+__all__ = ["decode_with_cursor_step", "replayssm_decode"]
 
 _INT32_MAX = 2**31 - 1
+
+# The V split and V tile the interpreter uses on CPU: split 1 and the whole of V in one tile
+# keep the Python loop short. Tests set other values to run those code paths on CPU.
+INTERPRETER_SPLIT = 1
+INTERPRETER_BLOCK_V: int | None = None  # None: the whole slice
+
+# Launch-config override for tuning and benchmarking (regime name -> config); None: _configs.
+CONFIG_OVERRIDE: dict[str, Config] | None = None
 
 
 def _interpreter_requested() -> bool:
@@ -20,17 +41,23 @@ def _interpreter_requested() -> bool:
     return os.environ.get("HELION_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _span(t: torch.Tensor) -> int:
+    """The largest element offset a view reaches from its storage's start."""
+    span = int(t.storage_offset())
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        span += (int(size) - 1) * abs(int(stride))
+    return span
+
+
 def index_dtype(tensors: tuple[torch.Tensor, ...]) -> torch.dtype:
     """int32 offsets unless some view spans more elements than int32 can address.
 
-    A strided pool view can reach far past its own numel (slot stride > slot size), so the
-    span is computed from sizes and strides, not from numel.
+    A strided pool view can reach far past its own numel (slot stride > slot size). Its
+    storage's size bounds every offset and costs one call to read; only views of storages
+    past int32 get the exact span from sizes and strides.
     """
     for t in tensors:
-        span = sum(
-            (size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True)
-        )
-        if span + t.storage_offset() > _INT32_MAX:
+        if t.untyped_storage().nbytes() // t.element_size() > _INT32_MAX and _span(t) > _INT32_MAX:
             return torch.int64
     return torch.int32
 
@@ -88,9 +115,98 @@ def replayssm_decode(
         lower_bound,
         reference=False,
     )
-    if shapes.batch == 0:
-        return out, initial_state
-    tensors, scalars = kernel_arguments(
+    if shapes.batch:
+        _launch(
+            shapes,
+            mixed_qkv,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            scale,
+            initial_state,
+            d_cache,
+            k_cache,
+            g_cache,
+            out,
+            ssm_state_indices,
+            write_pos,
+            force_flush,
+            use_qk_l2norm_in_kernel,
+            lower_bound,
+        )
+    return out, initial_state
+
+
+@fp32_gate_cache
+def decode_with_cursor_step(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    cursors: torch.Tensor,
+    force_flush: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    lower_bound: float | None = None,
+) -> None:
+    """A decode step whose cursors live in a per-slot array (``ReplaySSMCache``'s).
+
+    Validates everything first, then one small launch gathers each row's cursor into a per-row
+    buffer and advances ``cursors[slot]`` (0 after a flush, ``c + 1`` otherwise), then the
+    decode kernel runs on the gathered cursors. Nothing moves if an argument is wrong.
+    """
+    # Filled by the cursor step; a non-tensor index argument is reported by the validation.
+    write_pos = (
+        torch.empty_like(ssm_state_indices)
+        if isinstance(ssm_state_indices, torch.Tensor)
+        else ssm_state_indices
+    )
+    shapes = validate_decode_args(
+        mixed_qkv,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        scale,
+        initial_state,
+        d_cache,
+        k_cache,
+        g_cache,
+        out,
+        ssm_state_indices,
+        write_pos,
+        force_flush,
+        use_qk_l2norm_in_kernel,
+        lower_bound,
+        reference=False,
+    )
+    if not shapes.batch:
+        return
+    from replaylint.kernels import _kernel
+
+    has_ff = force_flush is not None
+    args = (
+        cursors,
+        ssm_state_indices,
+        force_flush if force_flush is not None else ssm_state_indices,  # unread without it
+        write_pos,
+        shapes.ring_len,
+        has_ff,
+    )
+    if _interpret(initial_state):
+        _kernel.interpreted_cursor_step()(*args)
+    else:
+        key = ("cursor", has_ff, min(shapes.batch, 2), min(cursors.size(0), 2), shapes.ring_len)
+        _launcher(key, _kernel.compiled_cursor_step, args)(*args)
+    _launch(
         shapes,
         mixed_qkv,
         a,
@@ -109,25 +225,44 @@ def replayssm_decode(
         use_qk_l2norm_in_kernel,
         lower_bound,
     )
-    # Imported here: importing helion takes seconds, and the references do not need it.
-    from replaylint.kernels import _kernel
-
-    interpret = initial_state.device.type != "cuda" or _interpreter_requested()
-    offsets = index_dtype(tensors)
-    if interpret:
-        kernel = _kernel.interpreted_kernel(interpreter_block_v(shapes.head_v_dim))
-    else:
-        programs = shapes.batch * shapes.num_value_heads
-        config = select_config(initial_state.dtype, programs, shapes.head_v_dim)
-        kernel = _kernel.compiled_kernel(config_key(config), offsets)
-    kernel(*tensors, *scalars, offsets, interpret)
-    return out, initial_state
 
 
-KernelScalars = tuple[float, float, bool, bool, bool]
+def _interpret(initial_state: torch.Tensor) -> bool:
+    return initial_state.device.type != "cuda" or _interpreter_requested()
 
 
-def kernel_arguments(
+# Compiled launchers by specialisation key (see _launcher).
+_LAUNCHERS: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def _launcher(
+    key: tuple[Any, ...], kernel_factory: Callable[[], Any], args: tuple[Any, ...]
+) -> Callable[..., Any]:
+    """The compiled launcher for ``key``, or Helion's full dispatch the first time.
+
+    ``key`` must fix everything Helion specialises a compile on: the kernel (config, index
+    dtype), every tensor's dtype and rank, sizes of 0 / 1 (Helion buckets sizes as 0, 1, many),
+    the ``hl.specialize``-d sizes and the constexpr arguments. Helion's own per-call dispatch
+    recomputes that key from every argument (tens of microseconds); with the key computed from
+    the validated shapes, a repeat call goes straight to the generated host function
+    (``BoundKernel._run``), which computes the grid and calls Triton's launcher, which keeps
+    its own per-call specialisation (alignment, unit strides).
+    """
+    run = _LAUNCHERS.get(key)
+    if run is not None:
+        return run
+    bound = kernel_factory().bind(args)
+    bound(*args)  # compiles (the first time) and launches through Helion's checked path
+    compiled = getattr(bound, "_run", None)  # Helion 1.5; later versions fall back to `bound`
+    _LAUNCHERS[key] = compiled if callable(compiled) else bound
+    return _noop
+
+
+def _noop(*args: Any) -> None:
+    """The launch already happened inside :func:`_launcher`."""
+
+
+def _launch(
     shapes: DecodeShapes,
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -145,32 +280,121 @@ def kernel_arguments(
     force_flush: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool,
     lower_bound: float | None,
-) -> tuple[tuple[torch.Tensor, ...], KernelScalars]:
-    """The kernel body's arguments for validated decode arguments: views, no copies."""
-    B, H, HV = shapes.batch, shapes.num_heads, shapes.num_value_heads
-    K, V = shapes.head_k_dim, shapes.head_v_dim
-    tensors = (
-        mixed_qkv[:, : H * K].view(B, H, K),  # q
-        mixed_qkv[:, H * K : 2 * H * K].view(B, H, K),  # k
-        mixed_qkv[:, 2 * H * K :].view(B, HV, V),  # v
-        a.view(B, HV, K),
+) -> None:
+    """Run the decode kernel on validated arguments (compiled on CUDA, interpreted elsewhere)."""
+    # Imported here: importing helion takes seconds, and the references do not need it.
+    from replaylint.kernels import _kernel
+
+    interpret = _interpret(initial_state)
+    pairs = shapes.batch * shapes.num_value_heads
+    config: Config
+    if interpret:
+        split = fit_split(INTERPRETER_SPLIT, shapes.head_v_dim)
+        whole = next_power_of_2(shapes.head_v_dim // split)
+        config = {"block_sizes": [INTERPRETER_BLOCK_V or whole]}
+    else:
+        split, config = select_config(
+            initial_state.dtype, pairs, shapes.head_v_dim, CONFIG_OVERRIDE
+        )
+    tensors = kernel_tensors(
+        shapes,
+        split,
+        mixed_qkv,
+        a,
         b,
         A_log,
-        dt_bias.view(HV, K),
+        dt_bias,
         initial_state,
         d_cache,
         k_cache,
         g_cache,
-        out[:, 0],
+        out,
         ssm_state_indices,
         write_pos,
-        write_pos if force_flush is None else force_flush,  # unread without force_flush
+        force_flush,
     )
-    scalars = (
+    offsets = index_dtype(tensors)
+    args = (
+        *tensors,
         float(scale),
         0.0 if lower_bound is None else float(lower_bound),
         use_qk_l2norm_in_kernel,
         lower_bound is not None,
         force_flush is not None,
+        offsets,
+        interpret,
     )
-    return tensors, scalars
+    if interpret:
+        _kernel.interpreted_kernel(config["block_sizes"][0])(*args)
+        return
+    frozen = config_key(config)
+    key = (
+        "decode",
+        frozen,
+        offsets,
+        split,
+        min(shapes.batch, 2),
+        min(shapes.slots, 2),
+        shapes.num_heads,
+        shapes.num_value_heads,
+        shapes.head_k_dim,
+        shapes.head_v_dim,
+        shapes.ring_len,
+        mixed_qkv.dtype,
+        a.dtype,
+        b.dtype,
+        dt_bias.dtype,
+        initial_state.dtype,
+        d_cache.dtype,
+        g_cache.dtype,
+        out.dtype,
+        use_qk_l2norm_in_kernel,
+        lower_bound is not None,
+        force_flush is not None,
+    )
+    _launcher(key, lambda: _kernel.compiled_kernel(frozen, offsets), args)(*args)
+
+
+def kernel_tensors(
+    shapes: DecodeShapes,
+    split: int,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """The kernel body's tensor arguments for validated decode arguments: views, no copies.
+
+    V is split into ``split`` slices of ``V / split`` (splitting one dimension is always a
+    view, whatever the pool's strides).
+    """
+    B, H, HV = shapes.batch, shapes.num_heads, shapes.num_value_heads
+    K, V, L, S = shapes.head_k_dim, shapes.head_v_dim, shapes.ring_len, shapes.slots
+    BVs = V // split
+    HK = H * K
+    return (
+        mixed_qkv[:, :HK].view(B, H, K),  # q
+        mixed_qkv[:, HK : 2 * HK].view(B, H, K),  # k
+        mixed_qkv[:, 2 * HK :].view(B, HV, split, BVs),  # v
+        a if a.dim() == 3 else a.view(B, HV, K),
+        b,
+        A_log,
+        dt_bias if dt_bias.dim() == 2 else dt_bias.view(HV, K),
+        initial_state.view(S, HV, split, BVs, K),
+        d_cache.view(S, HV, L, split, BVs),
+        k_cache,
+        g_cache,
+        out.view(B, HV, split, BVs),
+        ssm_state_indices,
+        write_pos,
+        write_pos if force_flush is None else force_flush,  # unread without force_flush
+    )

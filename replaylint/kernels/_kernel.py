@@ -1,18 +1,23 @@
-"""The Helion ReplaySSM KDA decode kernel body and its compiled / interpreted instances.
+"""The Helion ReplaySSM KDA decode kernel body, the cursor-step kernel, and their instances.
 
 Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
 lazily, on the first kernel call.
 
-One program per (row b, value head hv). Its work is ordered so that every byte is read once:
+One program per (V slice, value head hv, row b): the value dimension is split into ``NS``
+slices of ``BVs = V / NS`` rows, so a launch has ``NS * HV * B`` programs (the split is chosen
+per regime in ``_configs.py``: 2 where B is small, 1 at large B, where the K-side work below,
+repeated per slice, costs more than the extra programs gain). The V slice is the
+fastest-varying grid index, so the programs of one (row, head) run side by side and share
+their ring reads through L2. In each program:
 
-1. scalars and K-vectors: slot, cursor, flush flag; q, k (optionally L2-normalised), the gate
-   g, alpha = exp(g), beta;
-2. the ring's K side, once: the live g rows (j < c) and k rows, their prefix sums and the
-   decayed keys ``W_j = exp(G_T - G_j) * k_j`` — one exp per (row, channel) — folded with
+1. scalars and K-vectors: cursor, flush flag; q, k (optionally L2-normalised), the gate g,
+   alpha = exp(g), beta;
+2. the ring's K side: the live g rows (j < c) and k rows, their prefix sums and the decayed
+   keys ``W_j = exp(G_T - G_j) * k_j`` (one exp per ring row and channel), folded with
    ``alpha * q_s`` and ``alpha * k`` into two length-L weight vectors;
-3. a loop over V tiles: each reads its slice of the checkpoint S0 and of the live d rows once,
-   and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S; only a
-   flushing program forms S (row by row over the ring) and writes it back.
+3. a loop over the slice's V tiles: each reads its rows of the checkpoint S0 and of the live
+   d rows once and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S;
+   only a flushing program forms S (row by row over the ring) and writes it back.
 
 All arithmetic is float32 whatever the storage dtypes.
 """
@@ -29,22 +34,27 @@ from helion.runtime.ref_mode import RefMode
 
 from replaylint.kernels._configs import ConfigKey, config_from_key
 
-__all__ = ["compiled_kernel", "interpreted_kernel"]
+__all__ = [
+    "compiled_cursor_step",
+    "compiled_kernel",
+    "interpreted_cursor_step",
+    "interpreted_kernel",
+]
 
 
 def replayssm_decode_body(
     q: torch.Tensor,  # [B, H, K]  views into mixed_qkv
     k: torch.Tensor,  # [B, H, K]
-    v: torch.Tensor,  # [B, HV, V]
+    v: torch.Tensor,  # [B, HV, NS, BVs]
     a: torch.Tensor,  # [B, HV, K]
     b: torch.Tensor,  # [B, HV]
     A_log: torch.Tensor,  # [HV]
     dt_bias: torch.Tensor,  # [HV, K]
-    state: torch.Tensor,  # [slots, HV, V, K]
-    d_cache: torch.Tensor,  # [slots, HV, L, V]
+    state: torch.Tensor,  # [slots, HV, NS, BVs, K]
+    d_cache: torch.Tensor,  # [slots, HV, L, NS, BVs]
     k_cache: torch.Tensor,  # [slots, H, L, K]
     g_cache: torch.Tensor,  # [slots, HV, L, K]
-    out: torch.Tensor,  # [B, HV, V]  (out[:, 0])
+    out: torch.Tensor,  # [B, HV, NS, BVs]
     slot_idx: torch.Tensor,  # [B] int32
     write_pos: torch.Tensor,  # [B] int32
     force_flush: torch.Tensor,  # [B] int32 (read only when has_force_flush)
@@ -60,12 +70,13 @@ def replayssm_decode_body(
     H = hl.specialize(q.size(1))
     K = hl.specialize(q.size(2))
     HV = hl.specialize(v.size(1))
-    V = hl.specialize(v.size(2))
+    NS = hl.specialize(v.size(2))
+    BVs = hl.specialize(v.size(3))
     L = hl.specialize(d_cache.size(2))
     num_slots = state.size(0)
     group = HV // H
-    block_v = hl.register_block_size(V)
-    for bi, hv in hl.grid([B, HV]):
+    block_v = hl.register_block_size(BVs)
+    for vs, hv, bi in hl.grid([NS, HV, B]):
         slot = slot_idx[bi].to(slot_dtype)  # so slot * slot_stride cannot wrap
         # Padding rows (negative index) and indices past the pool touch nothing.
         if (slot >= 0) & (slot < num_slots):
@@ -114,24 +125,25 @@ def replayssm_decode_body(
             w_k = torch.sum(w * ak[None, :], 1)
             kq = torch.sum(kv * qs, -1)
 
-            # 3. V tiles: read S0 and the d rows once, emit out, then flush or append.
-            for tv in hl.tile(V, block_size=block_v):
-                s0 = state[slot, hv, tv, :].to(torch.float32)  # [BV, K]
+            # 3. This program's V slice in tiles: read S0 and the d rows once, emit out, then
+            #    flush or append.
+            for tv in hl.tile(BVs, block_size=block_v):
+                s0 = state[slot, hv, vs, tv, :].to(torch.float32)  # [BV, K]
                 if interpret:
                     # Same values; the interpreter's masked load does not take this index mix.
                     d_ring = torch.where(
-                        live[:, None], d_cache[slot, hv, :, tv].to(torch.float32), 0.0
+                        live[:, None], d_cache[slot, hv, :, vs, tv].to(torch.float32), 0.0
                     )
                 else:
                     d_ring = hl.load(
                         d_cache,
-                        [slot, hv, slice(None), tv],
+                        [slot, hv, slice(None), vs, tv],
                         extra_mask=live[:, None] & (tv.index[None, :] >= 0),
                     ).to(torch.float32)  # [L, BV]
                 state_q = torch.sum(s0 * u_q[None, :], 1) + torch.sum(d_ring * w_q[:, None], 0)
                 state_k = torch.sum(s0 * u_k[None, :], 1) + torch.sum(d_ring * w_k[:, None], 0)
-                delta = beta * (v[bi, hv, tv].to(torch.float32) - state_k)
-                out[bi, hv, tv] = (state_q + delta * kq).to(out.dtype)
+                delta = beta * (v[bi, hv, vs, tv].to(torch.float32) - state_k)
+                out[bi, hv, vs, tv] = (state_q + delta * kq).to(out.dtype)
                 if flush:
                     # Form S = S0 * exp(G_T) + sum_j d_j (x) W_j row by row. A matmul over the
                     # ring would keep a replicated copy of W live in registers for every
@@ -142,29 +154,59 @@ def replayssm_decode_body(
                     for j in hl.grid(c):
                         g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
                         w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(torch.float32)
-                        d_j = d_cache[slot, hv, j, tv].to(torch.float32)
+                        d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
                         s_full = s_full + d_j[:, None] * w_j[None, :]
                     s_new = s_full * alpha[None, :] + delta[:, None] * kv[None, :]
-                    state[slot, hv, tv, :] = s_new.to(state.dtype)
+                    state[slot, hv, vs, tv, :] = s_new.to(state.dtype)
                 else:
-                    d_cache[slot, hv, c, tv] = delta.to(d_cache.dtype)
-            if not flush:
-                g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
-                if hv % group == 0:  # one writer per key head under GQA
-                    k_cache[slot, h, c, :] = kv.to(k_cache.dtype)
+                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
+            if not flush:  # noqa: SIM102 (Helion: `and` does not combine device scalars)
+                if vs == 0:  # one writer per (row, head) for the K-side rows
+                    g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
+                    if hv % group == 0:  # and one per key head under GQA
+                        k_cache[slot, h, c, :] = kv.to(k_cache.dtype)
         else:
-            for tv_pad in hl.tile(V, block_size=block_v):
-                out[bi, hv, tv_pad] = hl.zeros([tv_pad], dtype=out.dtype)
+            for tv_pad in hl.tile(BVs, block_size=block_v):
+                out[bi, hv, vs, tv_pad] = hl.zeros([tv_pad], dtype=out.dtype)
+
+
+def cursor_step_body(
+    cursors: torch.Tensor,  # [slots] int32, the pool's cursors (advanced in place)
+    slot_idx: torch.Tensor,  # [B] int32
+    force_flush: torch.Tensor,  # [B] int32 (read only when has_force_flush)
+    write_pos: torch.Tensor,  # [B] int32, out: each row's cursor for this step
+    ring_len: int,
+    has_force_flush: hl.constexpr,
+) -> None:
+    """Gather each row's cursor into ``write_pos`` and advance the pool's cursor, in one launch.
+
+    Runs before the decode kernel, which reads only ``write_pos``; so the in-place advance
+    cannot race with it. Padding rows get cursor 0 and move nothing.
+    """
+    B = slot_idx.size(0)
+    num_slots = cursors.size(0)
+    for bi in hl.grid(B):
+        slot = slot_idx[bi]
+        if (slot >= 0) & (slot < num_slots):
+            pos = cursors[slot]
+            c = torch.clamp(pos, 0, ring_len - 1)
+            flush = c == ring_len - 1
+            if has_force_flush:
+                flush = flush | (force_flush[bi] != 0)
+            write_pos[bi] = pos
+            cursors[slot] = torch.where(flush, 0, c + 1).to(cursors.dtype)
+        else:
+            write_pos[bi] = 0
 
 
 # Shapes stay dynamic: one compile serves every batch size and pool stride (head counts and
-# head/ring sizes are specialised inside the body).
+# head/ring sizes and the V split are specialised inside the body).
 _SETTINGS: dict[str, Any] = {"static_shapes": False}
 
 
 @functools.cache
 def compiled_kernel(config: ConfigKey, index_dtype: torch.dtype) -> Any:
-    """The compiled (Triton) kernel for one fixed config; never autotunes."""
+    """The compiled (Triton) decode kernel for one fixed config; never autotunes."""
     return helion.kernel(
         replayssm_decode_body,
         config=helion.Config(**config_from_key(config)),
@@ -182,4 +224,23 @@ def interpreted_kernel(block_v: int) -> Any:
         config=helion.Config(block_sizes=[block_v]),
         ref_mode=RefMode.EAGER,
         **_SETTINGS,
+    )
+
+
+@functools.cache
+def compiled_cursor_step() -> Any:
+    """The compiled cursor step (one warp per row: a few bytes each)."""
+    return helion.kernel(
+        cursor_step_body,
+        config=helion.Config(num_warps=1, num_stages=1),
+        ref_mode=RefMode.OFF,
+        **_SETTINGS,
+    )
+
+
+@functools.cache
+def interpreted_cursor_step() -> Any:
+    """The cursor step through Helion's interpreter, for CPU tensors."""
+    return helion.kernel(
+        cursor_step_body, config=helion.Config(), ref_mode=RefMode.EAGER, **_SETTINGS
     )
