@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import TextIO
 
 from replaylint._version import __version__
+from replaylint.lint.batch import default_jobs
 from replaylint.lint.config import ConfigError, load_settings, validate_selectors
 from replaylint.lint.discovery import discover
 from replaylint.lint.engine import Linter
 from replaylint.lint.reporters import RENDERERS
+from replaylint.lint.result_cache import ResultCache
 from replaylint.lint.rule_docs import rule_markdown
 from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
 from replaylint.lint.runner import FileReport, Mode, lint_files, lint_text
-from replaylint.lint.settings import Settings
+from replaylint.lint.settings import Settings, apply_selection_layer
 from replaylint.lint.source_io import FileProblem, decode_source
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -80,6 +82,16 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--force-exclude", action="store_true", help="apply `exclude` to paths named explicitly too"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        default=None,
+        help="worker processes (default: the CPUs available to this process)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write .replaylint_cache/"
+    )
     parser.add_argument("--version", action="version", version=f"replaylint {__version__}")
     return parser
 
@@ -112,19 +124,18 @@ def _settings(args: argparse.Namespace, start: Path) -> Settings:
         _selectors(args.extend_select),
         _selectors(args.ignore),
     )
-    if select is not None:
-        settings = replace(settings, select=validate_selectors(select, KNOWN_CODES, "--select"))
-    if extend is not None:
-        settings = replace(
-            settings,
-            extend_select=settings.extend_select
-            + validate_selectors(extend, KNOWN_CODES, "--extend-select"),
-        )
-    if ignore is not None:
-        settings = replace(
-            settings, ignore=settings.ignore + validate_selectors(ignore, KNOWN_CODES, "--ignore")
-        )
-    return settings
+    if select is None and extend is None and ignore is None:
+        return settings
+    # The command line is a layer over the configuration (ruff's semantics): `--select` starts
+    # afresh, `--extend-select` / `--ignore` adjust what the configuration enabled.
+    enabled = apply_selection_layer(
+        (code for code in KNOWN_CODES if settings.is_enabled(code)),
+        KNOWN_CODES,
+        None if select is None else validate_selectors(select, KNOWN_CODES, "--select"),
+        validate_selectors(extend or (), KNOWN_CODES, "--extend-select"),
+        validate_selectors(ignore or (), KNOWN_CODES, "--ignore"),
+    )
+    return replace(settings, select=enabled, extend_select=(), ignore=())
 
 
 def _mode(args: argparse.Namespace) -> Mode:
@@ -135,7 +146,7 @@ def _mode(args: argparse.Namespace) -> Mode:
 
 def _statistics(reports: Sequence[FileReport], output_format: str) -> str:
     counts = Counter(f.code for r in reports for f in r.findings)
-    fixable = {f.code for r in reports for f in r.findings if f.fix is not None}
+    fixable = {f.code for r in reports for f in r.findings if r.fixable(f)}
     rows = [
         {
             "code": code,
@@ -157,42 +168,61 @@ def _errors(count: int) -> str:
     return f"{count} error" if count == 1 else f"{count} errors"
 
 
-def _summary(reports: Sequence[FileReport], mode: Mode) -> str:
+def _hidden_fixes(count: int) -> str:
+    fixes = "1 hidden fix" if count == 1 else f"{count} hidden fixes"
+    return f"{fixes} can be enabled with the `--unsafe-fixes` option"
+
+
+def _summary(reports: Sequence[FileReport], mode: Mode, unreadable: int) -> str:
     remaining = sum(len(r.findings) for r in reports)
     fixed = sum(r.fixed for r in reports)
-    fixable = sum(1 for r in reports for f in r.findings if f.fix is not None)
+    fixable = sum(1 for r in reports for f in r.findings if r.fixable(f))
+    hidden = sum(1 for r in reports for f in r.findings if f.fix is not None and not r.fixable(f))
     if mode is Mode.DIFF:
         changed = sum(1 for r in reports if r.changed)
         files = "1 file" if changed == 1 else f"{changed} files"
         return f"Would fix {_errors(fixed)} in {files}.\n" if changed else "No fixes to apply.\n"
     if remaining == 0 and fixed == 0:
+        if unreadable:
+            files = "1 file" if unreadable == 1 else f"{unreadable} files"
+            return f"No findings, but {files} could not be checked (see the errors above).\n"
         return "All checks passed!\n"
     if mode is Mode.FIX:
-        return f"Found {_errors(remaining + fixed)} ({fixed} fixed, {remaining} remaining).\n"
-    text = f"Found {_errors(remaining)}.\n"
-    if fixable:
-        text += f"[*] {fixable} fixable with the `--fix` option.\n"
+        text = f"Found {_errors(remaining + fixed)} ({fixed} fixed, {remaining} remaining).\n"
+    else:
+        text = f"Found {_errors(remaining)}.\n"
+        if fixable:
+            text += f"[*] {fixable} fixable with the `--fix` option"
+            text += f" ({_hidden_fixes(hidden)}).\n" if hidden else ".\n"
+    if hidden and not (mode is Mode.CHECK and fixable):
+        text += f"No fixes available ({_hidden_fixes(hidden)}).\n"
     return text
 
 
 def _report(
-    reports: Sequence[FileReport], args: argparse.Namespace, mode: Mode, out: TextIO, err: TextIO
+    reports: Sequence[FileReport],
+    args: argparse.Namespace,
+    mode: Mode,
+    out: TextIO,
+    err: TextIO,
+    unusable_paths: int = 0,
 ) -> int:
     for report in reports:
         for note in report.notes:
             err.write(f"warning: {note}\n")
         if report.error is not None:
             err.write(f"error: {report.error}\n")
+    unreadable = unusable_paths + sum(r.error is not None for r in reports)
     if mode is Mode.DIFF:
         out.write("".join(r.diff for r in reports))
         if args.output_format == "text":
-            err.write(_summary(reports, mode))
+            err.write(_summary(reports, mode, unreadable))
     elif args.statistics:
         out.write(_statistics(reports, args.output_format))
     else:
         out.write(RENDERERS[args.output_format](reports))
         if args.output_format in {"text", "concise"}:
-            out.write(_summary(reports, mode))
+            out.write(_summary(reports, mode, unreadable))
     if any(r.error is not None for r in reports):
         return EXIT_ERROR
     if args.exit_zero:
@@ -200,6 +230,18 @@ def _report(
     if mode is Mode.DIFF:
         return EXIT_FINDINGS if any(r.changed for r in reports) else EXIT_OK
     return EXIT_FINDINGS if any(r.findings for r in reports) else EXIT_OK
+
+
+def _echo_source(out: TextIO, data: bytes, text: str) -> None:
+    """Write source to ``out`` as bytes, in the input's own encoding (cookie, BOM and line
+    endings stay true); ``text`` serves streams without a byte buffer."""
+    buffer = getattr(out, "buffer", None)
+    if buffer is None:
+        out.write(text)
+        return
+    out.flush()
+    buffer.write(data)
+    buffer.flush()
 
 
 def _stdin(
@@ -213,19 +255,28 @@ def _stdin(
     raw = sys.stdin.buffer.read()
     filename = args.stdin_filename or "-"
     try:
-        text, _ = decode_source(raw)
+        text, encoding = decode_source(raw)
     except FileProblem as problem:
         err.write(f"error: {filename}: {problem}\n")
+        if mode is Mode.FIX:  # an editor replaces its buffer with our stdout: hand it back
+            _echo_source(out, raw, raw.decode("utf-8", "replace"))
         return EXIT_ERROR
     if args.stdin_filename and args.force_exclude and settings.is_excluded(Path(filename)):
         if mode is Mode.FIX:
-            out.write(text)
+            _echo_source(out, raw, text)
         return EXIT_OK
+    linter.learn([(filename, text)])  # the only file of the run teaches its gate-cache names
     report, fixed = lint_text(linter, text, filename, mode, unsafe=args.unsafe_fixes)
     if mode is Mode.FIX:
-        out.write(fixed)  # the fixed source goes to stdout, so diagnostics go to stderr
+        # The fixed source goes to stdout, so diagnostics go to stderr.
+        _echo_source(out, raw if fixed == text else fixed.encode(encoding), fixed)
         return _report([report], args, mode, err, err)
     return _report([report], args, mode, out, err)
+
+
+def _configuration_key(settings: Settings) -> str:
+    """Everything besides a file's content that its results depend on."""
+    return repr((settings, KNOWN_CODES))
 
 
 def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
@@ -245,10 +296,20 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     if reading_stdin:
         return _stdin(args, settings, linter, mode, out, err)
     files, errors = discover(paths, settings, force_exclude=args.force_exclude)
-    reports = lint_files(linter, files, mode, unsafe=args.unsafe_fixes)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    cache = None if args.no_cache else ResultCache(settings.root, _configuration_key(settings))
+    reports = lint_files(
+        linter,
+        files,
+        mode,
+        unsafe=args.unsafe_fixes,
+        cache=cache,
+        jobs=args.jobs or default_jobs(),
+    )
     for message in errors:
         err.write(f"error: {message}\n")
-    status = _report(reports, args, mode, out, err)
+    status = _report(reports, args, mode, out, err, unusable_paths=len(errors))
     return EXIT_ERROR if errors else status
 
 

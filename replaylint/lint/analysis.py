@@ -2,12 +2,13 @@
 
 Rules ask questions here instead of pattern-matching syntax themselves, so every rule recognises
 the same spellings (``import torch as th``, ``from torch import zeros``, ``nn.Parameter(...)``,
-``caches["g_cache"] = ...``) in the same way.
+``caches["g_cache"] = ...``) in the same way. How a bound value's dtype was decided — through
+local bindings, casts, loads — is :mod:`replaylint.lint.provenance`'s question.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +17,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dtypes import dtype_from_qualified_name
 from replaylint.lint.rule import Rule
+from replaylint.lint.scopes import ScopeNode, Site
 
 # torch factories that create a tensor whose dtype is given by ``dtype=`` or the default dtype.
 TORCH_FACTORIES: frozenset[str] = frozenset(
@@ -43,20 +45,6 @@ NEW_METHODS: frozenset[str] = frozenset(
 # Positional index of ``dtype`` where the factory accepts it positionally.
 _POSITIONAL_DTYPE: dict[str, int] = {"torch.as_tensor": 1}
 
-# Wrappers whose first argument's dtype is the result's dtype.
-_DTYPE_PRESERVING_WRAPPERS: frozenset[str] = frozenset(
-    {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"}
-)
-# Tensor methods whose result has the receiver's dtype (whatever their arguments).
-_DTYPE_PRESERVING_METHODS: frozenset[str] = frozenset(
-    {
-        "clone", "contiguous", "cpu", "cuda", "detach", "detach_", "expand", "fill_", "flatten",
-        "narrow", "permute", "pin_memory", "repeat", "requires_grad_", "reshape",
-        "share_memory_", "squeeze", "t", "transpose", "unsqueeze", "view", "zero_", "normal_",
-        "uniform_",
-    }
-)  # fmt: skip
-
 AllocationKind = Literal["factory", "like", "new"]
 
 
@@ -80,6 +68,8 @@ class GateCacheBinding:
     """How the target reads in source (``self.g_cache``, ``caches["g_cache"]``)."""
     value: cst.BaseExpression
     statement: cst.CSTNode
+    site: Site
+    """Where ``value`` is evaluated (for following local bindings)."""
 
 
 def binding_name(target: cst.BaseExpression) -> str | None:
@@ -174,54 +164,7 @@ def literal_dtype(context: FileContext, expr: cst.BaseExpression) -> str | None:
     return None
 
 
-def dtype_sources(context: FileContext, value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
-    """The sub-expressions whose dtype is ``value``'s dtype.
-
-    Looks through conditionals (both branches), ``nn.Parameter(x)`` and dtype-preserving tensor
-    methods (``.cuda()``, ``.view(...)``, ``.to(device)``); stops at anything that may change the
-    dtype, which is then yielded itself.
-    """
-    while True:
-        if isinstance(value, cst.IfExp):
-            yield from dtype_sources(context, value.body)
-            yield from dtype_sources(context, value.orelse)
-            return
-        if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call):
-            value = value.value  # alloc(...)[idx] keeps alloc's dtype
-            continue
-        if isinstance(value, cst.Call):
-            if call_names(context, value) & _DTYPE_PRESERVING_WRAPPERS:
-                positional = positional_args(value)
-                data = positional[0] if positional else keyword_arg(value, "data")
-                if data is not None:
-                    value = data.value
-                    continue
-            method = method_name(value)
-            receiver = method_receiver(context, value)
-            if receiver is not None and (
-                method in _DTYPE_PRESERVING_METHODS
-                or (method == "to" and is_device_only_to(context, value))
-            ):
-                value = receiver
-                continue
-        yield value
-        return
-
-
-def is_device_only_to(context: FileContext, call: cst.Call) -> bool:
-    """``x.to(device)``-style calls that cannot change the dtype."""
-    if keyword_arg(call, "dtype") is not None:
-        return False
-    return all(looks_like_device(context, arg.value) for arg in positional_args(call))
-
-
-def looks_like_device(context: FileContext, expr: cst.BaseExpression) -> bool:
-    if isinstance(expr, cst.SimpleString):
-        return True
-    if isinstance(expr, cst.Call) and "torch.device" in call_names(context, expr):
-        return True
-    name = binding_name(expr)
-    return name is not None and ("device" in name.lower() or name.lower() in {"dev", "cuda"})
+_VISITOR_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 class GateCacheRule(Rule):
@@ -232,8 +175,104 @@ class GateCacheRule(Rule):
     :meth:`check_binding`. Subclasses that visit ``Call`` themselves must call ``super()``.
     """
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._scopes: list[ScopeNode] = [context.module]
+        self._statements: list[cst.CSTNode] = []
+
     def check_binding(self, binding: GateCacheBinding) -> None:
         raise NotImplementedError
+
+    def get_visitors(self) -> Mapping[str, Callable[[cst.CSTNode], None]]:
+        """libcst's own version inspects every attribute of the instance (thousands of no-op
+        stubs) for each file; the names depend only on the class, so they are found once."""
+        names = _VISITOR_NAMES.get(type(self))
+        if names is None:
+            names = _VISITOR_NAMES[type(self)] = tuple(
+                name
+                for name in dir(type(self))
+                if name.startswith(("visit_", "leave_"))
+                and callable(method := getattr(type(self), name))
+                and getattr(method, "__name__", "").startswith(("visit_", "leave_"))
+                and not getattr(method, "_is_no_op", False)
+            )
+        return {name: getattr(self, name) for name in names}
+
+    # Where we are: the enclosing scopes and the innermost statement, for local dataflow.
+    def site(self) -> Site:
+        return Site(tuple(self._scopes), self._statements[-1] if self._statements else None)
+
+    # libcst's batched traversal only dispatches methods whose own name is visit_*/leave_*, so
+    # each statement kind gets its two one-line methods.
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._statements.append(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self._statements.pop()
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._statements.append(node)
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
+        self._statements.pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        self._statements.append(node)
+
+    def leave_If(self, original_node: cst.If) -> None:
+        self._statements.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self._statements.append(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._statements.pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._statements.append(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._statements.pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        self._statements.append(node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        self._statements.pop()
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self._statements.append(node)
+
+    def leave_Try(self, original_node: cst.Try) -> None:
+        self._statements.pop()
+
+    def visit_TryStar(self, node: cst.TryStar) -> None:
+        self._statements.append(node)
+
+    def leave_TryStar(self, original_node: cst.TryStar) -> None:
+        self._statements.pop()
+
+    def visit_Match(self, node: cst.Match) -> None:
+        self._statements.append(node)
+
+    def leave_Match(self, original_node: cst.Match) -> None:
+        self._statements.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._statements.append(node)
+        self._scopes.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._scopes.pop()
+        self._statements.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._statements.append(node)
+        self._scopes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._scopes.pop()
+        self._statements.pop()
 
     def _bind(
         self, target: cst.BaseExpression, value: cst.BaseExpression, stmt: cst.CSTNode
@@ -250,7 +289,7 @@ class GateCacheRule(Rule):
         name = binding_name(target)
         if name is not None and self.context.gate_caches.matches(name):
             display = self.context.module.code_for_node(target).strip()
-            self.check_binding(GateCacheBinding(name, display, value, stmt))
+            self.check_binding(GateCacheBinding(name, display, value, stmt, self.site()))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -269,13 +308,18 @@ class GateCacheRule(Rule):
                 key = literal_string(element.key)
                 if key is not None and self.context.gate_caches.matches(key):
                     display = self.context.module.code_for_node(element.key)
-                    self.check_binding(GateCacheBinding(key, display, element.value, node))
+                    self.check_binding(
+                        GateCacheBinding(key, display, element.value, node, self.site())
+                    )
 
     def visit_Call(self, node: cst.Call) -> None:
         for arg in node.args:
             if arg.keyword is not None and self.context.gate_caches.matches(arg.keyword.value):
-                display = f"{arg.keyword.value}="
-                self.check_binding(GateCacheBinding(arg.keyword.value, display, arg.value, node))
+                text = " ".join(self.context.module.code_for_node(arg.value).split())
+                display = f"{arg.keyword.value}={text if len(text) <= 40 else text[:37] + '...'}"
+                self.check_binding(
+                    GateCacheBinding(arg.keyword.value, display, arg.value, node, self.site())
+                )
         method = method_name(node)
         positional = positional_args(node)
         if method == "register_buffer" and len(positional) >= 2:
@@ -289,4 +333,4 @@ class GateCacheRule(Rule):
         else:
             return
         if key is not None and self.context.gate_caches.matches(key):
-            self.check_binding(GateCacheBinding(key, repr(key), value, node))
+            self.check_binding(GateCacheBinding(key, repr(key), value, node, self.site()))

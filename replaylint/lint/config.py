@@ -55,6 +55,16 @@ def _string_list(path: Path, key: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _name_patterns(path: Path, key: str, value: object) -> tuple[str, ...]:
+    patterns = _string_list(path, key, value)
+    if any(not pattern.strip("_ ") for pattern in patterns):
+        raise ConfigError(
+            f"{path}: `{key}` entries must be names or globs such as "
+            f'"decay_ring" or "*_decays", got {value!r}'
+        )
+    return patterns
+
+
 def validate_selectors(
     selectors: Iterable[str], known_codes: Iterable[str], where: str
 ) -> tuple[str, ...]:
@@ -81,7 +91,8 @@ def _entry_points(path: Path, value: object) -> tuple[EntryPoint, ...]:
         raise ConfigError(f"{path}: `entry-points` must be {expected}, got {value!r}")
     entry_points = []
     for item in value:
-        if not isinstance(item, dict) or not isinstance(item.get("function"), str):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, str) or not function.strip():
             raise ConfigError(f"{path}: each of `entry-points` must be {expected}, got {item!r}")
         unknown = set(item) - {"function", "parameter", "index"}
         if unknown:
@@ -151,12 +162,12 @@ def settings_from_table(path: Path, table: dict[str, Any], known_codes: Iterable
         ),
         "gate-cache-names": lambda: replace(
             settings,
-            gate_cache_patterns=_string_list(path, "gate-cache-names", table["gate-cache-names"]),
+            gate_cache_patterns=_name_patterns(path, "gate-cache-names", table["gate-cache-names"]),
         ),
         "extend-gate-cache-names": lambda: replace(
             settings,
             gate_cache_patterns=settings.gate_cache_patterns
-            + _string_list(path, "extend-gate-cache-names", table["extend-gate-cache-names"]),
+            + _name_patterns(path, "extend-gate-cache-names", table["extend-gate-cache-names"]),
         ),
         "entry-points": lambda: replace(
             settings, entry_points=DEFAULT_ENTRY_POINTS + _entry_points(path, table["entry-points"])

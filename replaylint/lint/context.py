@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import cast
 
 import libcst as cst
-from libcst.metadata import (
-    MetadataWrapper,
-    QualifiedName,
-    QualifiedNameProvider,
-    QualifiedNameSource,
-)
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from replaylint.lint.findings import Applicability
 from replaylint.lint.gate_caches import GateCacheNames
+from replaylint.lint.imports import ImportTable
+from replaylint.lint.scopes import Scope, ScopeNode, build_scope
 from replaylint.lint.settings import EntryPoint
 
 
@@ -72,6 +67,10 @@ class FileContext:
     entry_points: tuple[EntryPoint, ...]
     drafts: list[FindingDraft] = field(default_factory=list)
     _torch_alias: tuple[str, bool] | None = None
+    _scopes: dict[int, Scope] = field(default_factory=dict)
+    _imports: ImportTable | None = None
+    memo: dict[str, object] = field(default_factory=dict)
+    """Per-file analyses that rules share (built on first use)."""
 
     @property
     def module(self) -> cst.Module:
@@ -81,23 +80,34 @@ class FileContext:
         self.drafts.append(FindingDraft(code, node, message, fix))
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
-        """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``)."""
-        return {name.name for name in self._qualified(node)}
+        """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
+
+        A name no import binds resolves to itself (``x.half`` -> ``{"x.half"}``); an expression
+        that is not a dotted name (a call, a subscript) resolves to nothing.
+        """
+        return self._import_table().resolve(node)[0]
 
     def imported_names(self, node: cst.CSTNode) -> set[str]:
-        """Like :meth:`qualified_names`, restricted to names that come from an import."""
-        return {
-            name.name for name in self._qualified(node) if name.source is QualifiedNameSource.IMPORT
-        }
+        """Like :meth:`qualified_names`, but only for names that come from an import."""
+        names, imported = self._import_table().resolve(node)
+        return names if imported else set()
 
-    def _qualified(self, node: cst.CSTNode) -> Collection[QualifiedName]:
-        try:
-            names: object = self.wrapper.resolve(QualifiedNameProvider)[node]
-        except KeyError:
-            return ()
-        if callable(names):  # a LazyValue: providers may compute values on first access
-            names = names()
-        return cast("Collection[QualifiedName]", names)
+    def _import_table(self) -> ImportTable:
+        if self._imports is None:
+            self._imports = ImportTable(self.module)
+        return self._imports
+
+    def scope(self, node: ScopeNode) -> Scope:
+        """The bindings of ``node``'s own body, built on first use and shared by every rule."""
+        scope = self._scopes.get(id(node))
+        if scope is None:
+            scope = self._scopes[id(node)] = build_scope(node)
+        return scope
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        """``node``'s first line. Positions are computed once per file, on first use: rules call
+        this only to word a finding, so files without findings never pay for it."""
+        return self.wrapper.resolve(PositionProvider)[node].start.line
 
     def torch_attribute(self, attribute: str) -> tuple[str, tuple[EditDraft, ...]]:
         """Spell ``torch.<attribute>`` with the module's own alias for ``torch``.

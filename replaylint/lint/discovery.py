@@ -7,7 +7,9 @@ linted unless ``force_exclude`` is set (pre-commit passes every staged file expl
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -55,13 +57,26 @@ def discover(
 
 
 def _walk(directory: Path, settings: Settings) -> Iterable[Path]:
+    # Folders are pruned on the way down, so a name-only pattern needs checking against each
+    # entry's own name; patterns with a "/" are matched against the whole path (rare: slower).
+    patterns = (*settings.exclude, *settings.extend_exclude)
+    by_name = re.compile(
+        "|".join(fnmatch.translate(p.rstrip("/")) for p in patterns if "/" not in p.strip("/"))
+        or "(?!)"
+    )
+    by_path = any("/" in p.strip("/") for p in patterns)
+
+    def excluded(path: Path) -> bool:
+        if by_name.match(path.name):
+            return True
+        return by_path and settings.is_excluded(path, walk_root=directory)
+
     for folder, subfolders, files in os.walk(directory, followlinks=False):
         base = Path(folder)
-        subfolders[:] = sorted(d for d in subfolders if not settings.is_excluded(base / d))
+        subfolders[:] = sorted(d for d in subfolders if not excluded(base / d))
         for name in sorted(files):
-            path = base / name
-            if name.endswith(PYTHON_SUFFIXES) and not settings.is_excluded(path):
-                yield path
+            if name.endswith(PYTHON_SUFFIXES) and not excluded(base / name):
+                yield base / name
 
 
 def _drop_git_ignored(items: list[Discovered]) -> list[Discovered]:

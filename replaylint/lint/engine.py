@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,11 +20,14 @@ from replaylint.lint.context import (
 )
 from replaylint.lint.findings import Applicability, Edit, Finding, Fix, Location
 from replaylint.lint.gate_caches import GateCacheNames
+from replaylint.lint.learning import learn_gate_cache_names
+from replaylint.lint.prefilter import Relevance
 from replaylint.lint.rule import Rule
 from replaylint.lint.rules import ALL_RULES
 from replaylint.lint.settings import Settings
 from replaylint.lint.suppression import parse_suppressions
 from replaylint.lint.text_edits import LineIndex, apply_edits, newline_of, select_compatible
+from replaylint.lint.traversal import walk
 
 MAX_FIX_ITERATIONS = 10
 
@@ -69,10 +72,34 @@ class Linter:
         settings: Settings | None = None,
         rules: Sequence[type[Rule]] = ALL_RULES,
         gate_caches: GateCacheNames | None = None,
+        *,
+        prefilter: bool = True,
     ) -> None:
         self.settings = settings or Settings()
         self.rules = tuple(rule for rule in rules if self.settings.is_enabled(rule.CODE))
+        self.prefilter = prefilter
         self.gate_caches = gate_caches or GateCacheNames(self.settings.gate_cache_patterns)
+
+    @property
+    def gate_caches(self) -> GateCacheNames:
+        return self._gate_caches
+
+    @gate_caches.setter
+    def gate_caches(self, names: GateCacheNames) -> None:
+        self._gate_caches = names
+        self.relevance = Relevance(names, self.settings.entry_points)
+
+    def learn(self, sources: Iterable[tuple[str, str]]) -> GateCacheNames:
+        """The first pass of a run: learn gate-cache names from decode entry-point calls.
+
+        ``sources`` are (filename, text) pairs — every file of the run, or just the stdin text.
+        Whatever is passed as an entry point's gate-cache argument becomes a gate-cache name for
+        the checks that follow (see :mod:`replaylint.lint.learning`). Returns the names now used.
+        """
+        learned = learn_gate_cache_names(sources, self.settings.entry_points, self.gate_caches)
+        if learned:
+            self.gate_caches = self.gate_caches.with_learned(learned)
+        return self.gate_caches
 
     def rules_for(self, filename: str) -> tuple[type[Rule], ...]:
         ignored = self.settings.ignored_for_file(Path(filename))
@@ -83,13 +110,13 @@ class Linter:
     def check(self, source: str, filename: str = "<stdin>") -> list[Finding]:
         """Findings in ``source``, noqa-suppressed ones removed, sorted by position."""
         rules = self.rules_for(filename)
-        if not rules:
+        if not rules or (self.prefilter and not self.relevance.may_hold_finding(source)):
             return []
         module = parse(source)
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         context = FileContext(filename, wrapper, self.gate_caches, self.settings.entry_points)
         try:
-            wrapper.visit_batched([rule(context) for rule in rules])
+            walk(module, [rule(context) for rule in rules])
         except RecursionError:
             raise SourceError("the file is nested too deeply to analyse") from None
         if not context.drafts:

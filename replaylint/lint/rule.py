@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider
 
 from replaylint.lint.findings import Applicability
 
@@ -70,8 +69,6 @@ class Rule(cst.BatchableCSTVisitor):
     """Applicability of the rule's fixes; ``None`` when it offers none."""
     VALID: ClassVar[Sequence[Valid]]
     INVALID: ClassVar[Sequence[Invalid]]
-
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
 
     def __init__(self, context: FileContext) -> None:
         super().__init__()

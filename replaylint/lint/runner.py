@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replaylint.lint.discovery import Discovered
 from replaylint.lint.engine import Linter, SourceError
-from replaylint.lint.findings import Finding
+from replaylint.lint.findings import Applicability, Finding
 from replaylint.lint.source_io import FileProblem, read_source, write_atomically
+
+if TYPE_CHECKING:
+    from replaylint.lint.result_cache import ResultCache
 
 
 class Mode(enum.Enum):
@@ -35,6 +40,13 @@ class FileReport:
     source: str | None = None
     """The text the findings refer to (for snippets)."""
     changed: bool = False
+    unsafe_fixes: bool = False
+    """Whether unsafe fixes were enabled: only then does an unsafe fix make a finding fixable."""
+
+    def fixable(self, finding: Finding) -> bool:
+        """Would ``--fix`` (with this run's ``--unsafe-fixes`` setting) fix ``finding``?"""
+        fix = finding.fix
+        return fix is not None and (self.unsafe_fixes or fix.applicability is Applicability.SAFE)
 
 
 def _diff(filename: str, before: str, after: str) -> str:
@@ -53,17 +65,33 @@ def _error(filename: str, error: SourceError) -> str:
     return f"{where}: {error.message}"
 
 
+def _python_syntax_error(text: str) -> SourceError | None:
+    """Python's own account of a syntax error: libcst's native parser reports column 1 and a
+    list of expected tokens, Python the exact position and a readable reason."""
+    try:
+        ast.parse(text)
+    except SyntaxError as error:
+        if error.lineno is None:
+            return None
+        return SourceError(f"syntax error: {error.msg}", error.lineno, error.offset or 1)
+    except (RecursionError, MemoryError, ValueError):
+        return None
+    return None  # only libcst rejects it: keep libcst's message
+
+
 def lint_text(
     linter: Linter, text: str, filename: str, mode: Mode, *, unsafe: bool = False
 ) -> tuple[FileReport, str]:
     """Lint (and in fix/diff mode fix) ``text``; returns the report and the resulting text."""
-    report = FileReport(filename, source=text)
+    report = FileReport(filename, source=text, unsafe_fixes=unsafe)
     try:
         if mode is Mode.CHECK:
             report.findings = linter.check(text, filename)
             return report, text
         result = linter.fix(text, filename, unsafe=unsafe)
     except SourceError as error:
+        if error.row is not None:  # a syntax error, not "nested too deeply"
+            error = _python_syntax_error(text) or error
         report.error = _error(filename, error)
         return report, text
     except Exception as error:  # a bug in a rule must not stop the other files
@@ -126,6 +154,15 @@ def lint_file(linter: Linter, item: Discovered, mode: Mode, *, unsafe: bool = Fa
 
 
 def lint_files(
-    linter: Linter, items: Sequence[Discovered], mode: Mode, *, unsafe: bool = False
+    linter: Linter,
+    items: Sequence[Discovered],
+    mode: Mode,
+    *,
+    unsafe: bool = False,
+    cache: ResultCache | None = None,
+    jobs: int = 1,
 ) -> list[FileReport]:
-    return [lint_file(linter, item, mode, unsafe=unsafe) for item in items]
+    """Lint many files: learning pass, result cache, ``jobs`` worker processes (see batch.py)."""
+    from replaylint.lint.batch import lint_many  # batch builds on this module
+
+    return lint_many(linter, items, mode, unsafe=unsafe, cache=cache, jobs=jobs)

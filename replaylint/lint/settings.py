@@ -67,6 +67,30 @@ def _specificity(selectors: Iterable[str], code: str) -> int:
     return best
 
 
+def apply_selection_layer(
+    enabled: Iterable[str],
+    codes: Iterable[str],
+    select: tuple[str, ...] | None,
+    extend_select: tuple[str, ...] = (),
+    ignore: tuple[str, ...] = (),
+) -> tuple[str, ...]:
+    """The codes enabled after one more layer of options (ruff's resolution: the command line is
+    a layer over the configuration file).
+
+    A layer's ``select`` replaces what the earlier layers enabled; otherwise they are its base.
+    Within the layer the most specific selector wins and ``ignore`` wins a tie, so
+    ``--extend-select RL001`` overrides a configured ``ignore = ["RL001"]``.
+    """
+    before = set(enabled) if select is None else set()
+    result = []
+    for code in codes:
+        chosen = max(_specificity(select or (), code), _specificity(extend_select, code))
+        ignored = _specificity(ignore, code)
+        if (chosen >= 0 and chosen > ignored) or (ignored < 0 and code in before):
+            result.append(code)
+    return tuple(result)
+
+
 def path_matches(pattern: str, relative: PurePosixPath) -> bool:
     """gitignore-like: a pattern without ``/`` matches any path component, else the whole path."""
     pattern = pattern.rstrip("/")
@@ -103,16 +127,28 @@ class Settings:
         except ValueError:
             return None
 
-    def is_excluded(self, path: Path) -> bool:
+    def is_excluded(self, path: Path, *, walk_root: Path | None = None) -> bool:
+        """Whether ``exclude``/``extend-exclude`` match ``path``.
+
+        With ``walk_root`` (the folder named on the command line that ``path`` was found under),
+        a pattern without ``/`` only matches the components below it: a folder you name is
+        linted even when it, or a folder above it, has an excluded name (``venv/myproj``).
+        """
         relative = self.relative(path)
         if relative is None:
             relative = PurePosixPath(path.name)
-        return any(path_matches(p, relative) for p in (*self.exclude, *self.extend_exclude))
+        patterns = (*self.exclude, *self.extend_exclude)
+        if walk_root is None:
+            return any(path_matches(p, relative) for p in patterns)
+        below = PurePosixPath(path.relative_to(walk_root).as_posix())
+        return any(path_matches(p, relative if "/" in p.strip("/") else below) for p in patterns)
 
     def ignored_for_file(self, path: Path) -> tuple[str, ...]:
+        """Code prefixes ``per-file-ignores`` disables for ``path`` (``ALL`` becomes ``""``, the
+        prefix of every code)."""
         relative = self.relative(path) or PurePosixPath(path.name)
         ignored: list[str] = []
         for pattern, codes in self.per_file_ignores:
             if path_matches(pattern, relative) or fnmatch.fnmatchcase(relative.name, pattern):
-                ignored.extend(codes)
+                ignored.extend("" if code == "ALL" else code for code in codes)
         return tuple(ignored)

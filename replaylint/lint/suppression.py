@@ -46,16 +46,18 @@ def _codes(match: re.Match[str]) -> frozenset[str]:
     return frozenset(c.upper() for c in re.split(r"[\s,]+", match.group("codes")) if c)
 
 
-def _comments(source: str) -> Iterable[tuple[int, str]]:
+def _comments(source: str) -> Iterable[tuple[int, str, bool]]:
+    """(row, comment, whether the comment is alone on its line) for every comment."""
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type == tokenize.COMMENT:
-                yield token.start[0], token.string
+                own_line = not token.line[: token.start[1]].strip()
+                yield token.start[0], token.string, own_line
     except (tokenize.TokenError, SyntaxError):
         # The file parsed with libcst; fall back to a line scan if the tokenizer disagrees.
         for row, line in enumerate(source.splitlines(), start=1):
             if "#" in line:
-                yield row, line[line.index("#") :]
+                yield row, line[line.index("#") :], line.lstrip().startswith("#")
 
 
 def parse_suppressions(source: str) -> Suppressions:
@@ -63,10 +65,13 @@ def parse_suppressions(source: str) -> Suppressions:
     if "noqa" not in source.lower():
         return result
     file_wide: set[str] = set()
-    for row, comment in _comments(source):
+    for row, comment, own_line in _comments(source):
         file_match = _FILE_NOQA.search(comment)
         if file_match is not None:
-            file_wide |= _codes(file_match)
+            # Only on a line of its own, as in ruff: one trailing a statement is ignored rather
+            # than silencing the whole file.
+            if own_line:
+                file_wide |= _codes(file_match)
             continue
         match = _NOQA.search(comment)
         if match is not None:

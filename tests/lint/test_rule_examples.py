@@ -49,14 +49,24 @@ def test_invalid_example_is_flagged_and_fixed(rule: type[Rule], example: Invalid
 
 @pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.CODE)
 def test_rule_is_documented(rule: type[Rule]) -> None:
-    assert rule.CODE.startswith("RL") and len(rule.CODE) == 5
-    assert rule.NAME and rule.NAME == rule.NAME.lower() and " " not in rule.NAME
+    assert rule.CODE.startswith("RL")
+    assert len(rule.CODE) == 5
+    assert rule.NAME
+    assert rule.NAME.lower() == rule.NAME
+    assert " " not in rule.NAME
     assert rule.SUMMARY.endswith(".")
     assert len(rule.RATIONALE) > 200
     assert rule.FIX.strip()
-    assert len(rule.VALID) >= 3 and len(rule.INVALID) >= 3
+    assert len(rule.VALID) >= 3
+    assert len(rule.INVALID) >= 3
 
 
 def test_codes_are_unique_and_ordered() -> None:
     codes = [rule.CODE for rule in ALL_RULES]
     assert codes == sorted(set(codes))
+
+
+@pytest.mark.parametrize(("rule", "example"), _cases("valid"))
+def test_valid_example_is_clean_under_every_rule(rule: type[Rule], example: Valid) -> None:
+    # A VALID example is correct code: no other rule may cry wolf on it either.
+    assert Linter().check(example.source, "example.py") == []

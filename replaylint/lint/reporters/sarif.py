@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from replaylint._version import __version__
 from replaylint.lint.findings import Finding, Location
@@ -28,7 +29,8 @@ def _artifact(filename: str) -> dict[str, str]:
     path = Path(filename)
     if path.is_absolute():
         return {"uri": path.as_uri()}
-    return {"uri": path.as_posix(), "uriBaseId": "%SRCROOT%"}
+    # A URI reference: spaces, `#`, `%` and non-ASCII characters must be percent-encoded.
+    return {"uri": quote(path.as_posix()), "uriBaseId": "%SRCROOT%"}
 
 
 def _result(finding: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
@@ -95,6 +97,8 @@ def render_sarif(reports: Sequence[FileReport]) -> str:
                     }
                 },
                 "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().as_uri() + "/"}},
+                # Our columns count characters; SARIF's default is UTF-16 code units.
+                "columnKind": "unicodeCodePoints",
                 "results": [_result(f, rule_index) for report in reports for f in report.findings],
             }
         ],

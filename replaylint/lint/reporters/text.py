@@ -9,8 +9,8 @@ from replaylint.lint.runner import FileReport
 from replaylint.lint.text_edits import LineIndex
 
 
-def _headline(finding: Finding) -> str:
-    marker = " [*]" if finding.fix is not None else ""
+def _headline(finding: Finding, fixable: bool) -> str:
+    marker = " [*]" if fixable else ""
     return (
         f"{finding.filename}:{finding.location.row}:{finding.location.column}: "
         f"{finding.code}{marker} {finding.message}"
@@ -38,12 +38,14 @@ def render_text(reports: Sequence[FileReport]) -> str:
     for report in reports:
         index = LineIndex(report.source) if report.source is not None else None
         for finding in report.findings:
-            out.append(_headline(finding))
+            out.append(_headline(finding, report.fixable(finding)))
             if index is not None:
                 out.extend(_snippet(finding, index))
-            out.append("")
-    return "\n".join(out)
+            out.append("")  # a blank line after each finding, before the summary too
+    return "".join(line + "\n" for line in out)
 
 
 def render_concise(reports: Sequence[FileReport]) -> str:
-    return "".join(_headline(f) + "\n" for report in reports for f in report.findings)
+    return "".join(
+        _headline(f, report.fixable(f)) + "\n" for report in reports for f in report.findings
+    )

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from replaylint.lint.analysis import (
-    GateCacheBinding,
-    GateCacheRule,
-    as_allocation,
-    dtype_sources,
-    literal_dtype,
-)
-from replaylint.lint.context import FixDraft, Replace
-from replaylint.lint.dtypes import FLOAT32
+from replaylint.lint.analysis import GateCacheBinding
 from replaylint.lint.findings import Applicability
+from replaylint.lint.provenance import Kind
 from replaylint.lint.rule import Invalid, Valid
-from replaylint.lint.rules._messages import gate_cache_subject
+from replaylint.lint.rules._flow import WHY, FlowRule, binding_lines, literal_names, through
 
 
-class ExplicitNonFp32Dtype(GateCacheRule):
+class ExplicitNonFp32Dtype(FlowRule):
     CODE = "RL001"
     NAME = "explicit-non-fp32-dtype"
     SUMMARY = "A gate cache is allocated with an explicit dtype that is not float32."
@@ -35,6 +28,9 @@ their `*_like` forms and `x.new_empty/new_zeros/new_ones/new_full/new_tensor`, t
 alias (`import torch as th`, `from torch import zeros`), also when wrapped in `nn.Parameter(...)`
 or followed by dtype-preserving calls such as `.to(device)` or `.contiguous()`. Every dtype
 spelling is understood: `torch.half` is float16, `torch.double` float64, `torch.float` float32.
+The dtype is followed through local bindings in the function: `ring_dtype = torch.bfloat16` and
+then `dtype=ring_dtype` is an explicit bf16 allocation, reported here (a non-literal dtype is
+RL002's, so an allocation never gets both codes); a conditional with a bf16 branch is reported.
 """
     FIX = """\
 Replaces the dtype with `torch.float32`, spelled with the module's own alias for torch (`th.float32`
@@ -80,6 +76,16 @@ reader of the cache either expects float32 or casts.
             import torch
             # cast back to float32 afterwards: the result is float32
             g_cache = torch.zeros(shape, dtype=torch.bfloat16).float()
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def make_gate_ring(shape, device):
+                # a local bound to float32 resolves to float32
+                dtype = torch.float32
+                return {"g_cache": torch.zeros(shape, dtype=dtype, device=device)}
             """
         ),
     )
@@ -142,26 +148,41 @@ reader of the cache either expects float32 or casts.
             self.register_buffer("gate_cache", d_cache.new_zeros(shape, dtype=torch.float32))
             """,
         ),
+        Invalid(
+            """
+            import torch
+
+            def make_rings(shape):
+                # a local bound to a literal resolves to it: explicit, so RL001 (not RL002)
+                ring_dtype = torch.bfloat16
+                d_cache = torch.zeros(shape, dtype=ring_dtype)
+                g_cache = torch.zeros(shape, dtype=ring_dtype)
+                return d_cache, g_cache
+            """,
+            expected_fix="""
+            import torch
+
+            def make_rings(shape):
+                # a local bound to a literal resolves to it: explicit, so RL001 (not RL002)
+                ring_dtype = torch.bfloat16
+                d_cache = torch.zeros(shape, dtype=ring_dtype)
+                g_cache = torch.zeros(shape, dtype=torch.float32)
+                return d_cache, g_cache
+            """,
+            message_contains="(through `ring_dtype`, line 5)",
+        ),
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
-        for source in dtype_sources(self.context, binding.value):
-            allocation = as_allocation(self.context, source)
-            if allocation is None or allocation.dtype_arg is None:
+        for fact in self.facts(binding):
+            if fact.kind is not Kind.EXPLICIT or fact.rewrite is None:
                 continue
-            dtype_expr = allocation.dtype_arg.value
-            dtype = literal_dtype(self.context, dtype_expr)
-            if dtype is None or dtype == FLOAT32:
-                continue
-            spelling, extra_edits = self.context.torch_attribute("float32")
+            dtypes = literal_names(fact.non_float32_literals)
+            origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)
             self.report(
-                dtype_expr,
-                f"{gate_cache_subject(self.context, binding)} is allocated as torch.{dtype}; "
-                "gate caches hold log-decays that are summed and exponentiated, so they must "
-                "be float32",
-                fix=FixDraft(
-                    f"Allocate it as {spelling}",
-                    (Replace(dtype_expr, spelling), *extra_edits),
-                    Applicability.SAFE,
+                fact.node,
+                f"{self.subject(binding)} is allocated as {dtypes}{origin}; {WHY}",
+                fix=self.fix_for(
+                    binding, fact, fact.rewrite, "Allocate it as {float32}", Applicability.SAFE
                 ),
             )

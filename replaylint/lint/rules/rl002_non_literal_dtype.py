@@ -1,0 +1,214 @@
+"""RL002: a gate cache allocated with a dtype that is not provably float32."""
+
+from __future__ import annotations
+
+from replaylint.lint.analysis import GateCacheBinding
+from replaylint.lint.findings import Applicability
+from replaylint.lint.provenance import Kind
+from replaylint.lint.rule import Invalid, Valid
+from replaylint.lint.rules._flow import WHY, FlowRule, describe_dtype, through
+
+
+class NonLiteralDtype(FlowRule):
+    CODE = "RL002"
+    NAME = "non-literal-dtype"
+    SUMMARY = "A gate cache is allocated with a dtype that is not provably float32."
+    RATIONALE = """\
+The gate cache stores per-step log-decays; the ReplaySSM kernel sums them and exponentiates the
+sums (`exp(G_T - G_j)`), so an absolute rounding error in `g` becomes a relative error in every
+decay, and the checkpoint term `S0 * exp(G_T)` carries it into the state at each flush, where it
+compounds. bfloat16 keeps about 8 significant bits: ~1.5% decay error per step at ring length 16,
+tens of percent once prefix sums are stored. So the gate ring is float32 whatever the model dtype.
+
+The classic way to break this is to allocate the gate ring like its neighbours: `dtype=ring_dtype`,
+`dtype=self.dtype`, `dtype=config.torch_dtype`, a `dtype` parameter, `dtype=x.dtype`. Those are
+right for the d and k rings, which follow the model dtype, and wrong for g — and nothing fails:
+the model just drifts. This rule follows the dtype inside the function: a local bound to
+`torch.float32` is fine, a conditional whose branches are all float32 is fine, `x.dtype` of a
+tensor known to be float32 is fine. A local bound to a literal such as `torch.bfloat16` is
+reported by RL001 instead (it is then an explicit dtype), so one allocation never gets both codes.
+"""
+    FIX = """\
+Replaces the dtype expression with `torch.float32` (spelled with the module's alias for torch;
+`import torch` is added when missing). The fix is **safe**, in the same sense as RL001's: it
+changes the gate cache's dtype and nothing else. The expression it replaces only chose that dtype —
+a `dtype` parameter, `self.dtype` or `ring_dtype` keeps its value for every other use, such as the
+d and k rings — and the only dtype a ReplaySSM gate ring may have is float32: the decode kernel
+rejects any other. If the value was float32 at run time already, nothing changes. (Code that
+deliberately keeps a float64 gate ring for a reference computation should say so with
+`# noqa: RL002`.)
+"""
+    FIX_APPLICABILITY = Applicability.SAFE
+
+    VALID = (
+        Valid(
+            """
+            import torch
+            # d and k follow the ring dtype; g is float32
+            ring_dtype = conv_dtype if spec else ssm_dtype
+            d_cache = torch.zeros(slots, hv, ring, v, dtype=ring_dtype)
+            k_cache = torch.zeros(slots, h, ring, k, dtype=ring_dtype)
+            g_cache = torch.zeros(slots, hv, ring, k, dtype=torch.float32)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def make_gate_ring(shape, device):
+                dtype = torch.float32
+                return {"g_cache": torch.zeros(shape, dtype=dtype, device=device)}
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def allocate(shape, exact):
+                # every branch is float32
+                dtype = torch.float32 if exact else torch.float
+                g_cache = torch.empty(shape, dtype=dtype)
+                return g_cache
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def grow(self, slots):
+                # the dtype of another gate cache is float32 (it is checked where it is bound)
+                self.g_cache = torch.zeros(
+                    slots, *self.g_cache.shape[1:], dtype=self.g_cache.dtype
+                )
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def restore(self, g_cache):
+                # copying into an existing float32 gate cache casts on the way in
+                self.g_cache.copy_(g_cache)
+            """
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """
+            import torch
+            ring_dtype = conv_dtype if spec else ssm_dtype
+            replayssm_g = torch.zeros(size=g_shape, dtype=ring_dtype, device=device)
+            """,
+            expected_fix="""
+            import torch
+            ring_dtype = conv_dtype if spec else ssm_dtype
+            replayssm_g = torch.zeros(size=g_shape, dtype=torch.float32, device=device)
+            """,
+            message_contains="`ring_dtype` (line 2: `conv_dtype if spec else ssm_dtype`)",
+        ),
+        Invalid(
+            """
+            import torch as th
+
+            class Pool:
+                def __init__(self, config, shape):
+                    self.g_cache = th.empty(shape, dtype=config.torch_dtype)
+            """,
+            expected_fix="""
+            import torch as th
+
+            class Pool:
+                def __init__(self, config, shape):
+                    self.g_cache = th.empty(shape, dtype=th.float32)
+            """,
+            message_contains="`config.torch_dtype`",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def make_caches(shape, dtype):
+                return {
+                    "d_cache": torch.zeros(shape, dtype=dtype),
+                    "g_cache": torch.zeros(shape, dtype=dtype),
+                }
+            """,
+            expected_fix="""
+            import torch
+
+            def make_caches(shape, dtype):
+                return {
+                    "d_cache": torch.zeros(shape, dtype=dtype),
+                    "g_cache": torch.zeros(shape, dtype=torch.float32),
+                }
+            """,
+            message_contains="`dtype`, a parameter",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def snapshot_ring(d_cache, shape):
+                g_cache = d_cache.new_zeros(shape, dtype=d_cache.dtype)
+                return g_cache
+            """,
+            expected_fix="""
+            import torch
+
+            def snapshot_ring(d_cache, shape):
+                g_cache = d_cache.new_zeros(shape, dtype=torch.float32)
+                return g_cache
+            """,
+        ),
+        Invalid(
+            """
+            from torch import zeros
+
+            def build(shape, half):
+                dtype = model_dtype if half else torch_dtype
+                self.replayssm_g = zeros(shape, dtype=dtype)
+            """,
+            expected_fix="""
+            import torch
+            from torch import zeros
+
+            def build(shape, half):
+                dtype = model_dtype if half else torch_dtype
+                self.replayssm_g = zeros(shape, dtype=torch.float32)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                def __init__(self, layers, shape, device):
+                    self.d_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(layers)]
+                    self.g_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(layers)]
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                def __init__(self, layers, shape, device):
+                    self.d_caches = [torch.zeros(shape, dtype=self.dtype) for _ in range(layers)]
+                    self.g_caches = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+            """,
+            message_contains="`self.dtype`",
+        ),
+    )
+
+    def check_binding(self, binding: GateCacheBinding) -> None:
+        for fact in self.facts(binding):
+            if fact.kind is not Kind.VARIABLE:
+                continue
+            source = describe_dtype(self.context, fact.node, fact.dtypes)
+            fix = self.fix_for(
+                binding, fact, fact.rewrite, "Allocate it as {float32}", Applicability.SAFE
+            )
+            self.report(
+                fact.node,
+                f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
+                f"float32{through(self.context, fact)}; {WHY}",
+                fix=fix,
+            )

@@ -1,0 +1,181 @@
+"""RL005: a gate cache loaded or restored from a checkpoint without a cast to float32."""
+
+from __future__ import annotations
+
+from replaylint.lint.analysis import GateCacheBinding
+from replaylint.lint.findings import Applicability
+from replaylint.lint.provenance import Kind, Rewrite
+from replaylint.lint.rule import Invalid, Valid
+from replaylint.lint.rules._flow import WHY, FlowRule, through
+
+
+class UncastLoad(FlowRule):
+    CODE = "RL005"
+    NAME = "uncast-load"
+    SUMMARY = "A gate cache is loaded or restored from a checkpoint without a cast to float32."
+    RATIONALE = """\
+A loaded tensor has the dtype it was saved with. Snapshots of ReplaySSM state (preemption, prefix
+caching, disaggregated prefill handing state to a decode server, offloading to host memory) are
+often written in the model dtype to save space, or by an older version that kept every ring in
+bf16. Binding the loaded tensor as the gate ring then makes the ring bf16 — and the decode kernel
+exponentiates prefix sums of its log-decays, so bf16 rounding becomes a ~1.5% relative error in the
+decays at ring length 16 that compounds at every flush into the checkpoint.
+
+Recognised loads: `torch.load(...)` and `safetensors.torch.load_file(...)` (directly or through a
+local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` where the
+container was loaded or is a parameter named like a state dict or checkpoint, and
+`torch.from_numpy(np.load(...))`. Not a finding: copying into an existing float32 gate cache
+(`g_cache.copy_(src)`, `g_cache[idx] = src`, `load_state_dict`), which casts on the way in, or a
+load followed by `.float()` / `.to(torch.float32)` / `.to(dtype=torch.float32)`. A dict that is
+merely passed around (`kwargs.get("replayssm_g")`) is not a checkpoint.
+"""
+    FIX = """\
+Appends `.to(torch.float32)` to the loaded tensor (spelled with the module's alias for torch;
+`import torch` is added when missing). The fix is **safe**: upcasting bf16 or fp16 to float32 is
+exact, a float32 tensor is returned as is (no copy, same object), and nothing else about the
+loaded value — device, shape, layout — changes.
+"""
+    FIX_APPLICABILITY = Applicability.SAFE
+
+    VALID = (
+        Valid(
+            """
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                # copy_ casts into the existing float32 ring
+                self.g_cache.copy_(state["g_cache"])
+                self.g_cache[:, 0] = state["g_cache_row"]
+                self.d_cache = state["d_cache"]
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from safetensors.torch import load_file
+
+            def restore(path, device):
+                tensors = load_file(path)
+                g_cache = tensors["g_cache"].to(device=device, dtype=torch.float32)
+                replayssm_g = tensors["replayssm_g"].float()
+                return g_cache, replayssm_g
+            """
+        ),
+        Valid(
+            """
+            def packed_decode(self, mixed_qkv, **kwargs):
+                # a dict of live tensors passed by the caller is not a checkpoint
+                replayssm_g = kwargs.get("replayssm_g")
+                return self.kernel(mixed_qkv, g_cache=replayssm_g)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def resume(self, state_dict):
+                # loading into the module copies into the float32 buffer
+                self.load_state_dict(state_dict)
+                self.g_cache = state_dict["g_cache"].to(torch.float32)
+            """
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state["g_cache"]
+            """,
+            expected_fix="""
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state["g_cache"].to(torch.float32)
+            """,
+            message_contains="`state` (a checkpoint)",
+        ),
+        Invalid(
+            """
+            from safetensors import safe_open
+
+            def restore(path):
+                with safe_open(path, framework="pt") as f:
+                    replayssm_g = f.get_tensor("replayssm_g").cuda()
+                return replayssm_g
+            """,
+            expected_fix="""
+            import torch
+            from safetensors import safe_open
+
+            def restore(path):
+                with safe_open(path, framework="pt") as f:
+                    replayssm_g = f.get_tensor("replayssm_g").to(torch.float32).cuda()
+                return replayssm_g
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                def load_state_dict(self, state_dict):
+                    self.g_cache = state_dict.get("g_cache")
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                def load_state_dict(self, state_dict):
+                    self.g_cache = state_dict.get("g_cache").to(torch.float32)
+            """,
+        ),
+        Invalid(
+            """
+            import numpy as np
+            import torch as th
+
+            def from_disk(path):
+                return {"g_cache": th.from_numpy(np.load(path))}
+            """,
+            expected_fix="""
+            import numpy as np
+            import torch as th
+
+            def from_disk(path):
+                return {"g_cache": th.from_numpy(np.load(path)).to(th.float32)}
+            """,
+            message_contains="numpy array read from a file",
+        ),
+        Invalid(
+            """
+            import torch
+            g_cache = torch.load("g_cache.pt")
+            """,
+            expected_fix="""
+            import torch
+            g_cache = torch.load("g_cache.pt").to(torch.float32)
+            """,
+        ),
+    )
+
+    def check_binding(self, binding: GateCacheBinding) -> None:
+        for fact in self.facts(binding):
+            if fact.kind is not Kind.LOADED:
+                continue
+            self.report(
+                fact.node,
+                f"{self.subject(binding)} is loaded from {fact.detail} without a cast to float32"
+                f"{through(self.context, fact)}; it keeps the dtype it was saved with, and {WHY}",
+                fix=self.fix_for(
+                    binding,
+                    fact,
+                    Rewrite(fact.node, "append"),
+                    "Cast it with .to({float32})",
+                    Applicability.SAFE,
+                ),
+            )

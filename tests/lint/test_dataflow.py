@@ -1,0 +1,283 @@
+"""The intra-function dataflow behind RL001-RL007: which bindings reach a use, how a dtype or a
+tensor is resolved through them, and how fixes behave when a finding is reached through a local.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.settings import Settings
+
+
+def _check(source: str, *codes: str) -> list[tuple[int, str]]:
+    linter = Linter(Settings(select=codes or ("RL",)))
+    return [
+        (f.location.row, f.code) for f in linter.check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    ]
+
+
+def _fix(source: str) -> str:
+    return Linter().fix(textwrap.dedent(source).lstrip("\n"), "m.py", unsafe=True).source
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # the last unconditional binding wins
+        (
+            """
+            import torch
+            def f(shape):
+                dtype = torch.bfloat16
+                dtype = torch.float32
+                g_cache = torch.zeros(shape, dtype=dtype)
+            """,
+            [],
+        ),
+        # either branch may reach the use: one of them is bf16
+        (
+            """
+            import torch
+            def f(shape, exact):
+                if exact:
+                    dtype = torch.float32
+                else:
+                    dtype = torch.bfloat16
+                g_cache = torch.zeros(shape, dtype=dtype)
+            """,
+            [(7, "RL001")],
+        ),
+        # a conditional rebinding does not hide the parameter
+        (
+            """
+            import torch
+            def f(shape, dtype=None):
+                if dtype is None:
+                    dtype = torch.float32
+                g_cache = torch.zeros(shape, dtype=dtype)
+            """,
+            [(5, "RL002")],
+        ),
+        # a binding inside the branch that holds the use dominates it
+        (
+            """
+            import torch
+            def f(shape, dtype, replay):
+                if replay:
+                    dtype = torch.float32
+                    g_cache = torch.zeros(shape, dtype=dtype)
+            """,
+            [],
+        ),
+        # module constants are visible in functions; class attributes are not
+        (
+            """
+            import torch
+            RING_DTYPE = torch.bfloat16
+            def f(shape):
+                return {"g_cache": torch.zeros(shape, dtype=RING_DTYPE)}
+            """,
+            [(4, "RL001")],
+        ),
+        (
+            """
+            import torch
+            GATE_DTYPE = torch.float32
+            class Pool:
+                GATE_DTYPE = torch.bfloat16
+                def make(self, shape):
+                    self.g_cache = torch.zeros(shape, dtype=GATE_DTYPE)
+            """,
+            [],
+        ),
+        # a closure reads its enclosing function's local
+        (
+            """
+            import torch
+            def outer(shape):
+                dtype = torch.half
+                def inner():
+                    return {"g_cache": torch.empty(shape, dtype=dtype)}
+                return inner
+            """,
+            [(5, "RL001")],
+        ),
+        # dtype=None is torch's default dtype
+        (
+            """
+            import torch
+            g_cache = torch.zeros(4, dtype=None)
+            """,
+            [(2, "RL002")],
+        ),
+        # tuple unpacking of literals resolves element-wise
+        (
+            """
+            import torch
+            d_dtype, g_dtype = torch.bfloat16, torch.float32
+            g_cache = torch.zeros(4, dtype=g_dtype)
+            d_cache = torch.zeros(4, dtype=d_dtype)
+            """,
+            [],
+        ),
+        # `x.to(arg)` with an argument of unknown kind is not guessed at
+        (
+            """
+            def f(g_cache, target):
+                g_cache = g_cache.to(target)
+            """,
+            [],
+        ),
+        # a parameter annotated as a tensor is a tensor; as a device, a device
+        (
+            """
+            import torch
+            def f(self, ref: torch.Tensor, where: torch.device):
+                self.g_cache = self.g_cache.to(where)
+                self.replayssm_g = self.replayssm_g.to(ref)
+            """,
+            [(4, "RL004")],
+        ),
+        # one allocation reached from two gate-cache bindings is reported once
+        (
+            """
+            import torch
+            def f(self, shape):
+                g_cache = torch.zeros(shape, dtype=torch.bfloat16)
+                self.g_cache = g_cache
+            """,
+            [(3, "RL001")],
+        ),
+    ],
+)
+def test_reaching_bindings(source: str, expected: list[tuple[int, str]]) -> None:
+    assert _check(source) == expected
+
+
+def test_unresolved_kwargs_is_reported_without_a_fix() -> None:
+    source = """
+    import torch
+    def f(shape, **factory_kwargs):
+        g_cache = torch.zeros(shape, **factory_kwargs)
+    """
+    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    assert [(f.location.row, f.code, f.fix) for f in findings] == [(3, "RL002", None)]
+
+
+def test_a_local_used_elsewhere_is_cast_where_it_becomes_the_gate_cache() -> None:
+    source = """
+    import torch
+    def f(shape):
+        ring = torch.zeros(2, *shape, dtype=torch.bfloat16)
+        d_cache = ring[0]
+        g_cache = ring[1]
+        return d_cache, g_cache
+    """
+    fixed = _fix(source)
+    # the shared allocation keeps feeding the d ring in bf16; only the gate cache is cast
+    assert "ring = torch.zeros(2, *shape, dtype=torch.bfloat16)" in fixed
+    assert "g_cache = ring[1].to(torch.float32)" in fixed
+    assert _check(fixed) == []
+
+
+def test_a_local_used_once_is_fixed_where_it_is_made() -> None:
+    source = """
+    import torch
+    def f(shape):
+        ring = torch.zeros(shape, dtype=torch.bfloat16)
+        return {"g_cache": ring}
+    """
+    fixed = _fix(source)
+    assert "ring = torch.zeros(shape, dtype=torch.float32)" in fixed
+    assert _check(fixed) == []
+
+
+def test_two_findings_on_one_binding_do_not_stack_casts() -> None:
+    source = """
+    import torch
+    def f(snapshot=None):
+        if snapshot is None:
+            snapshot = torch.randn(4).to(torch.bfloat16)
+        return {"g_cache": snapshot.clone()}
+    """
+    assert _check(source) == [(4, "RL004"), (5, "RL003")]
+    fixed = _fix(source)
+    assert fixed.count(".to(torch.float32)") == 1
+    assert 'return {"g_cache": snapshot.clone().to(torch.float32)}' in fixed
+    assert _check(fixed) == []
+
+
+# A small grammar of dtype expressions for the RL001/RL002 boundary ------------------------------
+_LITERALS = {
+    "torch.float32": True,
+    "torch.float": True,
+    "torch.bfloat16": False,
+    "torch.half": False,
+}
+_UNKNOWN = ("self.dtype", "config.torch_dtype", "dtype", "ref.dtype")
+
+
+@st.composite
+def _dtype_expression(draw: st.DrawFn, depth: int = 0) -> tuple[str, set[str]]:
+    """(expression, kinds of its leaves: "fp32", "other" or "unknown")."""
+    choice = draw(st.integers(0, 2 if depth < 2 else 1))
+    if choice == 0:
+        literal = draw(st.sampled_from(sorted(_LITERALS)))
+        return literal, {"fp32" if _LITERALS[literal] else "other"}
+    if choice == 1:
+        return draw(st.sampled_from(_UNKNOWN)), {"unknown"}
+    body, body_kinds = draw(_dtype_expression(depth + 1))
+    orelse, orelse_kinds = draw(_dtype_expression(depth + 1))
+    return f"({body} if flag else {orelse})", body_kinds | orelse_kinds
+
+
+@given(_dtype_expression(), _dtype_expression(), st.booleans())
+@settings(max_examples=50, deadline=None)
+def test_each_allocation_gets_exactly_the_right_code(
+    first: tuple[str, set[str]], second: tuple[str, set[str]], through_local: bool
+) -> None:
+    if through_local:  # the dtype comes from a local bound differently in two branches
+        prelude = (
+            f"    if flag:\n        ring_dtype = {first[0]}\n"
+            f"    else:\n        ring_dtype = {second[0]}\n"
+        )
+        expression, kinds = "ring_dtype", first[1] | second[1]
+    else:
+        prelude, (expression, kinds) = "", first
+    source = (
+        "import torch\n"
+        "def build(self, config, ref, dtype, flag, shape):\n"
+        f"{prelude}"
+        f"    self.g_cache = torch.zeros(shape, dtype={expression})\n"
+    )
+    codes = [code for _, code in _check(source, "RL001", "RL002")]
+    if "other" in kinds:
+        assert codes == ["RL001"], source
+    elif "unknown" in kinds:
+        assert codes == ["RL002"], source
+    else:
+        assert codes == [], source
+    fixed = Linter().fix(source, "m.py", unsafe=True).source
+    assert _check(fixed, "RL001", "RL002") == []
+
+
+def test_a_condition_on_the_name_it_guards_terminates() -> None:
+    # Found on sglang: evaluating `key == "g_cache"` looked `key` up, whose binding is guarded by
+    # that same test. The analysis must give up, not recurse forever.
+    source = """
+    import torch
+    def f(shape, dtype):
+        caches = {}
+        for kind in ("d", "g"):
+            key = f"{kind}_cache"
+            if key == "g_cache":
+                key = key.strip()
+            caches[key] = torch.zeros(shape, dtype=dtype)
+        return caches
+    """
+    assert _check(source) == []

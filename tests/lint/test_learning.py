@@ -1,0 +1,138 @@
+"""Gate-cache names learned from decode call sites: the first pass, the library API, the CLI."""
+
+from __future__ import annotations
+
+import io
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from replaylint.cli import main
+from replaylint.lint.engine import Linter
+from replaylint.lint.gate_caches import GateCacheNames
+from replaylint.lint.learning import TOO_GENERIC_TO_LEARN, learn_gate_cache_names
+from replaylint.lint.settings import DEFAULT_ENTRY_POINTS, EntryPoint, Settings
+
+POOL = textwrap.dedent(
+    """
+    import torch
+
+    class DecayPool:
+        def __init__(self, shape, dtype):
+            self.delta_ring = torch.zeros(shape, dtype=dtype)
+            self.decay_ring = torch.zeros(shape, dtype=dtype)
+    """
+).lstrip()
+
+STEP = textwrap.dedent(
+    """
+    from kernels import ops
+
+    def step(pool, inputs):
+        return ops.kda_replayssm_decode(**inputs, d_cache=pool.delta_ring, g_cache=pool.decay_ring)
+    """
+).lstrip()
+
+
+def _learn(
+    *texts: str, entry_points: tuple[EntryPoint, ...] = DEFAULT_ENTRY_POINTS
+) -> dict[str, int]:
+    sources = [(f"f{i}.py", text) for i, text in enumerate(texts)]
+    learned = learn_gate_cache_names(sources, entry_points, GateCacheNames())
+    return {name: origin.row for name, origin in learned.items()}
+
+
+@pytest.mark.parametrize(
+    ("argument", "name"),
+    [
+        ("decay_ring", "decay_ring"),
+        ("self.decay_ring", "decay_ring"),
+        ("pool.decay_ring[layer]", "decay_ring"),
+        ('caches["decay_ring"]', "decay_ring"),
+        ("self.decay_ring[layer].contiguous()", "decay_ring"),
+    ],
+)
+def test_the_gate_argument_teaches_its_name(argument: str, name: str) -> None:
+    assert _learn(f"kda_replayssm_decode(x, g_cache={argument})\n") == {name: 1}
+
+
+def test_the_tenth_positional_argument_is_the_gate_cache() -> None:
+    call = "fused_replayssm_decode(q, a, b, A, dt, s, h0, d, k, decay_ring, out)\n"
+    assert _learn(call) == {"decay_ring": 1}
+    # with a star before it, the position is unknown: nothing is learned
+    assert _learn("fused_replayssm_decode(*args, decay_ring, out)\n") == {}
+
+
+def test_generic_and_known_names_are_not_learned() -> None:
+    assert "g" in TOO_GENERIC_TO_LEARN
+    assert _learn("kda_replayssm_decode(g_cache=g)\nkda_replayssm_decode(g_cache=buf)\n") == {}
+    # already a gate cache by the default patterns: nothing to teach
+    assert _learn("kda_replayssm_decode(g_cache=replayssm_g)\n") == {}
+
+
+def test_aliases_and_configured_entry_points() -> None:
+    aliased = "from kernels import kda_replayssm_decode as decode\ndecode(g_cache=decay_ring)\n"
+    assert _learn(aliased) == {"decay_ring": 2}
+    custom = (EntryPoint("my_kda_step", "gates", 2),)
+    assert _learn("my_kda_step(q, k, decay_ring)\n", entry_points=custom) == {"decay_ring": 1}
+    assert _learn("my_kda_step(q, k, v, gates=ring_g)\n", entry_points=custom) == {"ring_g": 1}
+    assert _learn("other_step(q, k, decay_ring)\n", entry_points=custom) == {}
+
+
+def test_files_without_an_entry_point_are_not_parsed() -> None:
+    # The pre-filter skips text without "replayssm_decode": a syntax error there is never seen,
+    # and one in a file that does mention it is skipped rather than raised.
+    assert _learn("def broken(:\n", "kda_replayssm_decode(g_cache=decay_ring\n") == {}
+
+
+def test_the_first_call_that_teaches_a_name_is_remembered() -> None:
+    learned = learn_gate_cache_names(
+        [("a.py", "x = 1\nkda_replayssm_decode(g_cache=decay_ring)\n"),
+         ("b.py", "kda_replayssm_decode(g_cache=decay_ring)\n")],
+        DEFAULT_ENTRY_POINTS,
+    )  # fmt: skip
+    assert learned["decay_ring"].describe() == (
+        "passed as the gate cache of `kda_replayssm_decode` at a.py:2"
+    )
+
+
+def test_library_two_passes_find_a_renamed_gate_ring() -> None:
+    linter = Linter(Settings(select=("RL002",)))
+    assert linter.check(POOL, "pool.py") == []
+    linter.learn([("pool.py", POOL), ("step.py", STEP)])
+    findings = linter.check(POOL, "pool.py")
+    assert [(f.location.row, f.code) for f in findings] == [(6, "RL002")]
+    assert (
+        "`self.decay_ring` (passed as the gate cache of `ops.kda_replayssm_decode` at step.py:4)"
+        in (findings[0].message)
+    )
+    # the d ring was passed too, but as d_cache: it stays an ordinary tensor
+    assert all("delta_ring" not in f.message for f in findings)
+
+
+def test_command_line_learns_across_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "pool.py").write_text(POOL)
+    (tmp_path / "step.py").write_text(STEP)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--output-format", "concise", "pool.py"]) == 0  # alone: nothing taught it
+    capsys.readouterr()
+    assert main(["--output-format", "concise", "pool.py", "step.py"]) == 1
+    out = capsys.readouterr().out
+    assert "pool.py:6:" in out
+    assert "RL002" in out
+    assert "step.py:4" in out
+
+
+def test_stdin_learns_from_its_own_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    both = POOL + "\n\n" + STEP.replace("from kernels import ops\n", "")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(both.encode())))
+    assert main(["-", "--output-format", "concise", "--stdin-filename", "pool.py"]) == 1
+    out = capsys.readouterr().out
+    assert "RL002" in out
+    assert "passed as the gate cache" in out
