@@ -78,13 +78,19 @@ def _tree_rss_kb(root_pid: int) -> int:
     return total
 
 
-def run_timed(command: list[str], cwd: Path) -> tuple[float, float, int]:
-    """Wall seconds, peak tree RSS in MB (sampled every 5 ms), exit code."""
+def run_timed(
+    command: list[str], cwd: Path, timeout: float | None = None
+) -> tuple[float, float, int]:
+    """Wall seconds, peak tree RSS in MB (sampled every 5 ms), exit code (-9: timed out)."""
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
     while process.poll() is None:
         peak = max(peak, _tree_rss_kb(process.pid))
+        if timeout is not None and time.perf_counter() - start > timeout:
+            process.kill()
+            process.wait()
+            return time.perf_counter() - start, peak / 1024, -9
         time.sleep(0.005)
     elapsed = time.perf_counter() - start
     stderr = process.stderr.read().decode() if process.stderr else ""
@@ -167,6 +173,8 @@ def main() -> int:
         "--jobs", type=int, default=None, help="replaylint --jobs (default: its own)"
     )
     parser.add_argument("--skip-torchfix", action="store_true")
+    parser.add_argument("--slow-runs", type=int, default=2, help="runs of the slow rows")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds before a run is cut")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parser.parse_args()
 
@@ -253,6 +261,11 @@ def main() -> int:
     print("|" + "|".join("-" * (len(part) + 0) for part in header.split("|")[1:-1]) + "|")
     for t in timings:
         spread = f"{min(t.seconds):.2f}-{max(t.seconds):.2f}"
+        if -9 in t.exit_codes:
+            print(
+                f"| {t.name:<40} | {'> ' + format(t.median, '.0f'):>9} | {'timed out':>13} | {'':>7} | {t.peak_mb:>8.0f} |"
+            )
+            continue
         print(
             f"| {t.name:<40} | {t.median:>9.2f} | {spread:>13} | {t.median / ruff_median:>7.2f} | {t.peak_mb:>8.0f} |"
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from replaylint._version import __version__
-from replaylint.lint.batch import default_jobs
+from replaylint.lint.batch import default_jobs, lint_many
 from replaylint.lint.config import ConfigError, load_settings, validate_selectors
 from replaylint.lint.discovery import discover
 from replaylint.lint.engine import Linter
@@ -24,7 +24,7 @@ from replaylint.lint.reporters import RENDERERS
 from replaylint.lint.result_cache import ResultCache
 from replaylint.lint.rule_docs import rule_markdown
 from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
-from replaylint.lint.runner import FileReport, Mode, lint_files, lint_text
+from replaylint.lint.runner import FileReport, Mode, lint_text
 from replaylint.lint.settings import Settings, apply_selection_layer
 from replaylint.lint.source_io import FileProblem, decode_source
 
@@ -299,7 +299,7 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     cache = None if args.no_cache else ResultCache(settings.root, _configuration_key(settings))
-    reports = lint_files(
+    reports = lint_many(
         linter,
         files,
         mode,

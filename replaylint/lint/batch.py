@@ -20,8 +20,8 @@ from pathlib import Path
 
 from replaylint.lint.discovery import Discovered
 from replaylint.lint.engine import Linter
-from replaylint.lint.gate_caches import LearnedFrom
-from replaylint.lint.learning import learn_gate_cache_names
+from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
+from replaylint.lint.learning import entry_point_needles, learn_gate_cache_names
 from replaylint.lint.result_cache import CachedFile, ResultCache, digest
 from replaylint.lint.runner import FileReport, Mode, lint_file
 from replaylint.lint.source_io import FileProblem, decode_source
@@ -62,27 +62,17 @@ def _stat(path: Path) -> tuple[int, int] | None:
 
 
 def _learn_one(linter: Linter, filename: str, raw: bytes) -> tuple[tuple[str, int, str], ...]:
-    if not any(needle in raw for needle in _entry_needles(linter)):
+    needles = entry_point_needles(linter.settings.entry_points)
+    if needles is not None and not any(needle.encode() in raw for needle in needles):
         return ()
     try:
         text, _ = decode_source(raw)
     except FileProblem:
         return ()
-    base = type(linter.gate_caches)(linter.gate_caches.patterns)
+    # As in a whole-run learning pass: names the patterns already match need no teaching.
+    base = GateCacheNames(linter.gate_caches.patterns)
     learned = learn_gate_cache_names([(filename, text)], linter.settings.entry_points, base)
     return tuple((name, origin.row, origin.function) for name, origin in learned.items())
-
-
-def _entry_needles(linter: Linter) -> tuple[bytes, ...]:
-    needles = []
-    for entry_point in linter.settings.entry_points:
-        pieces = [
-            p for p in entry_point.function.replace("?", "*").replace("[", "*").split("*") if p
-        ]
-        if not pieces:
-            return (b"",)
-        needles.append(max(pieces, key=len).rpartition(".")[2].encode())
-    return tuple(needles)
 
 
 def _learning_pass(

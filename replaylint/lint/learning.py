@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
 from replaylint.lint.settings import EntryPoint
 
-__all__ = ["TOO_GENERIC_TO_LEARN", "learn_gate_cache_names"]
+__all__ = ["TOO_GENERIC_TO_LEARN", "entry_point_needles", "learn_gate_cache_names"]
 
 TOO_GENERIC_TO_LEARN: frozenset[str] = frozenset(
     {
@@ -48,7 +48,7 @@ def learn_gate_cache_names(
     that teaches a name is the one remembered. Files that do not parse are skipped: the checking
     pass reports them.
     """
-    needles = _needles(entry_points)
+    needles = entry_point_needles(entry_points)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
         if needles is not None and not any(needle in text for needle in needles):
@@ -66,7 +66,7 @@ def learn_gate_cache_names(
     return learned
 
 
-def _needles(entry_points: Sequence[EntryPoint]) -> list[str] | None:
+def entry_point_needles(entry_points: Sequence[EntryPoint]) -> list[str] | None:
     """Literal text every matching call must contain; None when some pattern has none."""
     needles: list[str] = []
     for entry_point in entry_points:

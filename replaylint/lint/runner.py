@@ -5,17 +5,12 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from replaylint.lint.discovery import Discovered
 from replaylint.lint.engine import Linter, SourceError
 from replaylint.lint.findings import Applicability, Finding
 from replaylint.lint.source_io import FileProblem, read_source, write_atomically
-
-if TYPE_CHECKING:
-    from replaylint.lint.result_cache import ResultCache
 
 
 class Mode(enum.Enum):
@@ -151,18 +146,3 @@ def lint_file(linter: Linter, item: Discovered, mode: Mode, *, unsafe: bool = Fa
     report.fixed = 0
     report.changed = False
     return report
-
-
-def lint_files(
-    linter: Linter,
-    items: Sequence[Discovered],
-    mode: Mode,
-    *,
-    unsafe: bool = False,
-    cache: ResultCache | None = None,
-    jobs: int = 1,
-) -> list[FileReport]:
-    """Lint many files: learning pass, result cache, ``jobs`` worker processes (see batch.py)."""
-    from replaylint.lint.batch import lint_many  # batch builds on this module
-
-    return lint_many(linter, items, mode, unsafe=unsafe, cache=cache, jobs=jobs)

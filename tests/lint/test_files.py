@@ -36,7 +36,7 @@ def snapshot(folder: Path) -> dict[str, bytes | str]:
     for path in sorted(folder.rglob("*")):
         key = str(path.relative_to(folder))
         if key.startswith(CACHE_DIRECTORY):
-            continue  # the result cache is expected; tests/lint/test_cache.py covers it
+            continue  # the result cache is expected; tests/lint/test_result_cache.py covers it
         if path.is_symlink():
             entries[key] = f"-> {os.readlink(path)}"
         elif path.is_dir():

@@ -1,0 +1,118 @@
+"""The pre-filter must never hide a finding: every corpus gives identical results with it on and
+off (findings and fixes), and it must actually skip files that cannot hold one."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from replaylint.lint.engine import Linter, SourceError
+from replaylint.lint.findings import Finding
+from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
+from replaylint.lint.prefilter import Relevance
+from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.settings import DEFAULT_ENTRY_POINTS, EntryPoint, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _corpus() -> list[tuple[str, str]]:
+    """Every example, fixture and bundled file we have, as (name, text)."""
+    texts: list[tuple[str, str]] = []
+    for rule in ALL_RULES:
+        for number, valid in enumerate(rule.VALID):
+            texts.append((f"{rule.CODE}-valid-{number}", valid.source))
+        for number, invalid in enumerate(rule.INVALID):
+            texts.append((f"{rule.CODE}-invalid-{number}", invalid.source))
+            if invalid.fixed_source is not None:
+                texts.append((f"{rule.CODE}-fixed-{number}", invalid.fixed_source))
+    for folder in ("tests/lint/fixtures", "examples", "replaylint", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            texts.append((str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")))
+    return texts
+
+
+CORPUS = _corpus()
+
+
+def _results(linter: Linter, name: str, text: str) -> tuple[list[Finding], str] | str:
+    try:
+        return linter.check(text, name), linter.fix(text, name, unsafe=True).source
+    except SourceError as error:
+        return f"error: {error.message}"
+
+
+def test_corpus_is_substantial() -> None:
+    assert len(CORPUS) > 150
+    assert sum(bool(Linter(prefilter=False).check(t, n)) for n, t in CORPUS) > 40
+
+
+@pytest.mark.parametrize(("name", "text"), CORPUS, ids=[name for name, _ in CORPUS])
+def test_prefilter_changes_no_result(name: str, text: str) -> None:
+    filtered, full = Linter(prefilter=True), Linter(prefilter=False)
+    if isinstance(_results(full, name, text), str):
+        return  # unparsable: the pre-filter may skip a file the full analysis cannot read
+    assert _results(filtered, name, text) == _results(full, name, text)
+
+
+def test_prefilter_with_learned_names_and_custom_patterns() -> None:
+    settings = Settings(
+        gate_cache_patterns=("decay_ring",),
+        entry_points=(*DEFAULT_ENTRY_POINTS, EntryPoint("my_step", "gates", 2)),
+    )
+    learned = {"replay_gates": LearnedFrom("ops.py", 3, "my_step")}
+    names = GateCacheNames(settings.gate_cache_patterns).with_learned(learned)
+    source = textwrap.dedent(
+        """
+        import torch
+        replay_gates = torch.zeros(4, dtype=torch.bfloat16)
+        decay_ring = torch.zeros(4, dtype=torch.half)
+        my_step(a, b, torch.zeros(4, dtype=torch.half))
+        """
+    )
+    filtered = Linter(settings, gate_caches=names, prefilter=True).check(source, "x.py")
+    full = Linter(settings, gate_caches=names, prefilter=False).check(source, "x.py")
+    assert filtered == full
+    assert len(full) >= 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import torch\nx = torch.zeros(3, dtype=torch.bfloat16)\n",
+        "kv_cache = allocate()\nname = 'kv_cache'\n",
+        "def f(g, gate, log_g):\n    return g\n",
+        "x = (\n",  # unparsable, but it cannot hold a finding: not parsed, not reported
+    ],
+)
+def test_irrelevant_text_is_skipped(text: str) -> None:
+    relevance = Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS)
+    assert not relevance.may_hold_finding(text)
+    assert Linter().check(text, "x.py") == []
+
+
+def test_first_stage_on_bytes_skips_most_text() -> None:
+    relevance = Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS)
+    assert not relevance.may_hold_finding_raw(b"import torch\nkv_cache = torch.zeros(3)\n")
+    # A string ending like a gate-cache name passes the cheap first stage; the second decides.
+    assert relevance.may_hold_finding_raw(b"name = 'kv_cache'\n")
+    assert not relevance.may_hold_finding("name = 'kv_cache'\n")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "self.g_cache = 1",
+        "self.LAYER0_G_CACHES = 1",
+        "caches['replayssm_g'] = 1",
+        'caches = {f"{kind}_cache": 1 for kind in KINDS}',
+        'name = kind + "_cache"',
+        "out = ops.fused_kda_replayssm_decode(*args)",
+    ],
+)
+def test_relevant_text_is_kept(text: str) -> None:
+    relevance = Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS)
+    assert relevance.may_hold_finding(text)
+    assert relevance.may_hold_finding_raw(text.encode())
