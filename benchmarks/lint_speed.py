@@ -238,9 +238,7 @@ def main() -> int:
         if not args.skip_torchfix:
             command = torchfix_command(workdir)
             if command is not None:
-                timings.append(
-                    measure("torchfix", [*command, "."], tree, max(1, min(args.runs, 3)))
-                )
+                timings.append(measure("torchfix", [*command, "."], tree, 1, args.timeout))
         timings.append(
             measure(
                 "replaylint cold, every file relevant",
