@@ -228,16 +228,37 @@ def host_time_per_call(
         )
 
     shapes = validate_decode_args(*args, reference=False)
-    tensors = _decode.kernel_tensors(shapes, 2, *args[:5], *args[6:14])
-    return {
+    split, _ = _decode.select_config(cache.state.dtype, HV, V, _decode.CONFIG_OVERRIDE)
+    tensors = _decode.kernel_tensors(shapes, split, *args[:5], *args[6:14])
+    kernel_args = (*tensors, float(K**-0.5), 0.0, True, False, False, torch.int32, False)
+    replayssm_decode(*args)  # make sure the launcher for this launch exists
+    # The launcher of this launch: key = ("decode", config, offsets, split, min(B, 2), ...,
+    # state dtype at 15, ...) as built in _decode._launch.
+    launchers = [
+        run
+        for key, run in _decode._LAUNCHERS.items()
+        if key[0] == "decode" and key[4] == 1 and key[15] == cache.state.dtype
+    ]
+    cursor = cache.write_pos
+    cursor_args = (cursor, idx, idx, write_pos, L, False)
+    cursor_key = ("cursor", False, 1, min(cursor.size(0), 2), L)
+    cursor_run = _decode._LAUNCHERS.get(cursor_key)
+    result = {
         "replayssm_decode": per_call_us(lambda: replayssm_decode(*args)),
         # Everything after validation: views, config choice, launcher lookup, launch.
         "dispatch_and_launch": per_call_us(lambda: _decode._launch(shapes, *args)),
-        "views": per_call_us(lambda: _decode.kernel_tensors(shapes, 2, *args[:5], *args[6:14])),
+        "views": per_call_us(lambda: _decode.kernel_tensors(shapes, split, *args[:5], *args[6:14])),
         "index_dtype": per_call_us(lambda: _decode.index_dtype(tensors)),
         "cache_decode": per_call_us(cache_step),
         "validation_only": per_call_us(lambda: validate_decode_args(*args, reference=False)),
+        "torch_add_reference": per_call_us(lambda: out.add_(0)),
     }
+    if len(launchers) == 1:
+        # Helion's generated host function (sizes, strides, grid) + the direct launch.
+        result["host_function_and_launch"] = per_call_us(lambda: launchers[0](*kernel_args))
+    if cursor_run is not None:
+        result["cursor_step_launch"] = per_call_us(lambda: cursor_run(*cursor_args))
+    return result
 
 
 def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
@@ -397,7 +418,9 @@ def main() -> None:
                 f"{host['replayssm_decode']:.1f}, ReplaySSMCache.decode {host['cache_decode']:.1f}"
                 f", validation {host['validation_only']:.1f}, dispatch + launch "
                 f"{host['dispatch_and_launch']:.1f} (views {host['views']:.1f}, "
-                f"index dtype {host['index_dtype']:.1f})"
+                f"index dtype {host['index_dtype']:.1f}, host function + launch "
+                f"{host.get('host_function_and_launch', float('nan')):.1f}), a torch add_ "
+                f"{host['torch_add_reference']:.1f}"
             )
     print(f"wrote {opts.out}")
 

@@ -70,21 +70,50 @@ PROBLEMS: dict[str, list[Problem]] = {
 }
 
 
-def _config(split: int, block_v: int, num_warps: int) -> dict[str, Any]:
-    return {"split": split, "block_sizes": [block_v], "num_warps": num_warps, "num_stages": 1}
+def _config(split: int, block_v: int, num_warps: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "split": split,
+        "block_sizes": [block_v],
+        "num_warps": num_warps,
+        "num_stages": 1,
+        **extra,
+    }
 
 
-# (split, V tile, warps) per regime; the first is the shipped one, which every other candidate
-# is checked against. History (2026-11-29, H200): a first version loaded its whole slice at once
-# (no V loop); over splits 1-16 split 2 was best at B = 256 but 45% slower than split 1 walking
-# V in tiles of 16 with 2 warps, and splits 8 and 16 lost everywhere (the K-side work: ring
-# loads, prefix sums, exponentials, is repeated by every slice's program). With the V loop back,
-# the second run picked the entries of _configs.py; the GPU suite had run that day with
-# small = (2, 64, 4) and mid = (1, 16, 2), against which these were checked.
+def _resident(programs_per_sm: int, maxnreg: int | None) -> dict[str, Any]:
+    """A persistent grid of ``programs_per_sm`` programs per SM, registers capped at ``maxnreg``
+    (Helion accepts ``maxnreg`` only with a persistent ``pid_type``)."""
+    extra: dict[str, Any] = {
+        "pid_type": "persistent_interleaved",
+        "num_sm_multiplier": programs_per_sm,
+    }
+    if maxnreg is not None:
+        extra["maxnreg"] = maxnreg
+    return extra
+
+
+# (split, V tile, warps, extras) per regime; the first is the shipped one, which every other
+# candidate is checked against. History (H200): on 2026-11-29 a first version loaded its whole
+# slice at once; splits 8 and 16 lost everywhere (the K-side work is repeated by every slice's
+# program), then the V loop (tiles of 16, 2 warps) won at large B. The ncu profile of 2026-11-29
+# (session 2, docs/benchmarks.md) showed that kernel limited by registers (128 fp32 / 145 bf16
+# per thread: 25% / 18.75% occupancy) and instruction issue, not DRAM (53% / 32% of peak):
+# moving the flush out of the V loop cut bf16 to 128 registers; the candidates below cap the
+# registers further (persistent grids with maxnreg) to fit more programs per SM.
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
-    "small": [_config(4, 32, 2), _config(2, 64, 4), _config(1, 64, 4), _config(2, 32, 2)],
-    "mid": [_config(2, 16, 2), _config(1, 16, 2), _config(2, 64, 4), _config(2, 32, 2)],
-    "large": [_config(1, 16, 2), _config(2, 16, 2), _config(1, 32, 4), _config(1, 16, 4)],
+    "small": [_config(4, 32, 2), _config(2, 32, 4), _config(4, 32, 4)],
+    "mid": [
+        _config(2, 16, 2),
+        _config(2, 16, 2, **_resident(12, 80)),
+        _config(2, 32, 4),
+    ],
+    "large": [
+        _config(1, 16, 2),
+        _config(1, 16, 2, **_resident(8, None)),
+        _config(1, 16, 2, **_resident(10, 96)),
+        _config(1, 16, 2, **_resident(12, 80)),
+        _config(1, 16, 2, **_resident(16, 64)),
+    ],
 }
 
 

@@ -5,8 +5,8 @@ lazily, on the first kernel call.
 
 One program per (V slice, value head hv, row b): the value dimension is split into ``NS``
 slices of ``BVs = V / NS`` rows, so a launch has ``NS * HV * B`` programs (the split is chosen
-per regime in ``_configs.py``: 2 where B is small, 1 at large B, where the K-side work below,
-repeated per slice, costs more than the extra programs gain). The V slice is the
+per regime in ``_configs.py``: 4 / 2 for small / mid launches, 1 at large B, where the K-side
+work below, repeated per slice, costs more than the extra programs gain). The V slice is the
 fastest-varying grid index, so the programs of one (row, head) run side by side and share
 their ring reads through L2. In each program:
 
@@ -16,8 +16,11 @@ their ring reads through L2. In each program:
    keys ``W_j = exp(G_T - G_j) * k_j`` (one exp per ring row and channel), folded with
    ``alpha * q_s`` and ``alpha * k`` into two length-L weight vectors;
 3. a loop over the slice's V tiles: each reads its rows of the checkpoint S0 and of the live
-   d rows once and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S;
-   only a flushing program forms S (row by row over the ring) and writes it back.
+   d rows once and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S,
+   writes ``out`` and appends the d row;
+4. only in a flushing program (1 in L), a second walk over the tiles re-reads them, forms S
+   (row by row over the ring) and writes S_new back. Keeping the flush out of the main loop
+   keeps that loop's registers low (measured with ncu on the H200, see docs/benchmarks.md).
 
 All arithmetic is float32 whatever the storage dtypes.
 """
@@ -125,10 +128,18 @@ def replayssm_decode_body(
             w_k = torch.sum(w * ak[None, :], 1)
             kq = torch.sum(kv * qs, -1)
 
-            # 3. This program's V slice in tiles: read S0 and the d rows once, emit out, then
-            #    flush or append.
+            # 3. This program's V slice in tiles: read S0 and the live d rows once, emit out and
+            #    (unless flushing) the appended d row. No flush work in this loop: a flat loop
+            #    keeps the registers of the common path low (bf16 state: 145 -> 128 per thread,
+            #    one more resident program per SM). S0 is streamed (read once, except by the 1 in
+            #    L flushing programs), so its lines are marked first for eviction from L2.
             for tv in hl.tile(BVs, block_size=block_v):
-                s0 = state[slot, hv, vs, tv, :].to(torch.float32)  # [BV, K]
+                if interpret:  # (the interpreter's hl.load mishandles this index mix)
+                    s0 = state[slot, hv, vs, tv, :].to(torch.float32)
+                else:
+                    s0 = hl.load(
+                        state, [slot, hv, vs, tv, slice(None)], eviction_policy="evict_first"
+                    ).to(torch.float32)  # [BV, K]
                 if interpret:
                     # Same values; the interpreter's masked load does not take this index mix.
                     d_ring = torch.where(
@@ -144,23 +155,43 @@ def replayssm_decode_body(
                 state_k = torch.sum(s0 * u_k[None, :], 1) + torch.sum(d_ring * w_k[:, None], 0)
                 delta = beta * (v[bi, hv, vs, tv].to(torch.float32) - state_k)
                 out[bi, hv, vs, tv] = (state_q + delta * kq).to(out.dtype)
-                if flush:
-                    # Form S = S0 * exp(G_T) + sum_j d_j (x) W_j row by row. A matmul over the
-                    # ring would keep a replicated copy of W live in registers for every
-                    # program; flushing programs are 1 in L, so they re-read the (cached) ring
-                    # rows and recompute W_j instead.
-                    s_full = s0 * e_total[None, :]
+                if not flush:
+                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
+            if flush:
+                # 1 program in L: walk the slice again, recomputing delta per tile from the
+                # re-read S0 tile and d rows, and form S = S0 * exp(G_T) + sum_j d_j (x) W_j
+                # row by row. A matmul over the ring would keep a replicated copy of W live in
+                # registers in every program; re-reading the ring rows (cached) is cheaper.
+                for tv in hl.tile(BVs, block_size=block_v):
+                    if interpret:
+                        s0_t = state[slot, hv, vs, tv, :].to(torch.float32)
+                    else:
+                        s0_t = hl.load(
+                            state, [slot, hv, vs, tv, slice(None)], eviction_policy="evict_first"
+                        ).to(torch.float32)
+                    if interpret:
+                        # Same values; the interpreter's masked load does not take this index mix.
+                        d_t = torch.where(
+                            live[:, None], d_cache[slot, hv, :, vs, tv].to(torch.float32), 0.0
+                        )
+                    else:
+                        d_t = hl.load(
+                            d_cache,
+                            [slot, hv, slice(None), vs, tv],
+                            extra_mask=live[:, None] & (tv.index[None, :] >= 0),
+                        ).to(torch.float32)  # [L, BV]
+                    sk_t = torch.sum(s0_t * u_k[None, :], 1) + torch.sum(d_t * w_k[:, None], 0)
+                    delta_t = beta * (v[bi, hv, vs, tv].to(torch.float32) - sk_t)
+                    s_full = s0_t * e_total[None, :]
                     g_run = hl.zeros([K], dtype=torch.float32)
                     for j in hl.grid(c):
                         g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
                         w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(torch.float32)
                         d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
                         s_full = s_full + d_j[:, None] * w_j[None, :]
-                    s_new = s_full * alpha[None, :] + delta[:, None] * kv[None, :]
+                    s_new = s_full * alpha[None, :] + delta_t[:, None] * kv[None, :]
                     state[slot, hv, vs, tv, :] = s_new.to(state.dtype)
-                else:
-                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
-            if not flush:  # noqa: SIM102 (Helion: `and` does not combine device scalars)
+            else:
                 if vs == 0:  # one writer per (row, head) for the K-side rows
                     g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
                     if hv % group == 0:  # and one per key head under GQA

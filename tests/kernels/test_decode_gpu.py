@@ -358,3 +358,96 @@ def test_cuda_graph_of_20_steps_replays_like_eager(state_dtype: torch.dtype) -> 
         nxt = next_write_pos(cursor[idx[live].long()], L, ff[live])
         cursor[idx[live].long()] = nxt
     assert torch.equal(cursor, cache.write_pos)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_out_of_range_slots_and_cursors_touch_nothing(state_dtype: torch.dtype) -> None:
+    """Slots past the pool and negative slots give zero rows and write nothing; cursors outside
+    [0, L) are clamped (so they can never address memory outside the ring)."""
+    B, H, HV, K, V, L, S = 6, 4, 8, 128, 128, 16, 4
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    cache = ReplaySSMCache(S, H, HV, K, V, L, state_dtype=state_dtype, device=DEV)
+    cache.state.copy_(0.1 * torch.randn(cache.state.shape, generator=gen, device=DEV))
+    _fill_ring(cache, gen)
+    pool = (cache.state, cache.d_cache, cache.k_cache, cache.g_cache)
+    before = [t.clone() for t in pool]
+    # Rows: past the pool (S, S + 1000, 2**31 - 1), padding (-1, -2**31), one real slot.
+    idx = torch.tensor([S, S + 1000, 2**31 - 1, -1, -(2**31), 1], dtype=torch.int32, device=DEV)
+    write_pos = torch.tensor([3, 0, 15, 2, 1, 2**30], dtype=torch.int32, device=DEV)
+    inp = _inputs(B, H, HV, K, V, torch.bfloat16, gen)
+    A_log, dt_bias = _params(HV, K, gen)
+    out = torch.full((B, 1, HV, V), float("nan"), dtype=torch.bfloat16, device=DEV)
+    replayssm_decode(
+        **inp,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        scale=K**-0.5,
+        initial_state=cache.state,
+        d_cache=cache.d_cache,
+        k_cache=cache.k_cache,
+        g_cache=cache.g_cache,
+        out=out,
+        ssm_state_indices=idx,
+        write_pos=write_pos,
+        use_qk_l2norm_in_kernel=True,
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(out[:5].float(), torch.zeros_like(out[:5].float()))
+    assert bool(torch.isfinite(out[5].float()).all())
+    # Only slot 1 changed: its cursor 2**30 clamps to L - 1, a flush into the state.
+    others = [0, 2, 3]
+    for b, t in zip(before, pool, strict=True):
+        assert torch.equal(b[others], t[others])
+    assert not torch.equal(before[0][1], cache.state[1])
+    for b, t in zip(before[1:], pool[1:], strict=True):
+        assert torch.equal(b[1], t[1])  # a flush leaves the ring alone
+
+
+def test_launch_respecialises_on_alignment_and_batch() -> None:
+    """Repeat launches skip Triton's per-call specialisation (``_decode._DirectLaunch``): its
+    cache key must still tell a 16-byte-aligned view from an unaligned one, and one batch size
+    from another. Misusing an aligned build on unaligned data would fault or read wrong data."""
+    H, HV, K, V, L, S = 4, 8, 128, 128, 16, 40
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    cache = ReplaySSMCache(S, H, HV, K, V, L, state_dtype=torch.float32, device=DEV)
+    cache.state.copy_(0.1 * torch.randn(cache.state.shape, generator=gen, device=DEV))
+    _fill_ring(cache, gen)
+    start = [t.clone() for t in (cache.state, cache.d_cache, cache.k_cache, cache.g_cache)]
+    A_log, dt_bias = _params(HV, K, gen)
+    for B in (32, 17, 32, 3, 17):
+        idx = torch.randperm(S, generator=gen, device=DEV)[:B].to(torch.int32)
+        write_pos = torch.randint(0, L, (B,), generator=gen, device=DEV).to(torch.int32)
+        inp = _inputs(B, H, HV, K, V, torch.bfloat16, gen)
+        width = inp["mixed_qkv"].size(1)
+        # The same activations at an odd element offset: not 16-byte aligned.
+        shifted = torch.empty(B, width + 1, dtype=torch.bfloat16, device=DEV)[:, 1:]
+        shifted.copy_(inp["mixed_qkv"])
+        outs = []
+        for mixed in (inp["mixed_qkv"], shifted, inp["mixed_qkv"]):
+            for t, s in zip(
+                (cache.state, cache.d_cache, cache.k_cache, cache.g_cache), start, strict=True
+            ):
+                t.copy_(s)
+            out = torch.empty(B, 1, HV, V, dtype=torch.bfloat16, device=DEV)
+            replayssm_decode(
+                mixed,
+                inp["a"],
+                inp["b"],
+                A_log,
+                dt_bias,
+                K**-0.5,
+                cache.state,
+                cache.d_cache,
+                cache.k_cache,
+                cache.g_cache,
+                out,
+                idx,
+                write_pos,
+                None,
+                True,
+                None,
+            )
+            outs.append(out)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[2])
+        assert _rel(outs[1], outs[0]) <= SAME_MATH_TOL
