@@ -13,23 +13,26 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from replaylint._version import __version__
 from replaylint.lint.batch import default_jobs, lint_many
 from replaylint.lint.config import ConfigError, load_settings, validate_selectors
 from replaylint.lint.discovery import discover
-from replaylint.lint.engine import Linter
 from replaylint.lint.reporters import RENDERERS
 from replaylint.lint.result_cache import ResultCache
-from replaylint.lint.rule_docs import rule_markdown
-from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
+from replaylint.lint.rule_catalogue import RULE_NAMES
 from replaylint.lint.runner import FileReport, Mode, lint_text
 from replaylint.lint.settings import Settings, apply_selection_layer
 from replaylint.lint.source_io import FileProblem, decode_source
 
+if TYPE_CHECKING:
+    from replaylint.lint.engine import Linter
+
+# The analysis (libcst and the rules) is imported only where a text is analysed or a rule
+# explained: a run answered from the result cache never loads it.
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-KNOWN_CODES = tuple(rule.CODE for rule in ALL_RULES)
+KNOWN_CODES = tuple(RULE_NAMES)
 
 
 class UsageError(Exception):
@@ -104,6 +107,9 @@ def _rule_parser() -> argparse.ArgumentParser:
 
 
 def _rule_command(argv: Sequence[str], out: TextIO) -> int:
+    from replaylint.lint.rule_docs import rule_markdown
+    from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
+
     args = _rule_parser().parse_args(argv)
     if args.all:
         out.write("\n".join(rule_markdown(rule) for rule in ALL_RULES))
@@ -150,7 +156,7 @@ def _statistics(reports: Sequence[FileReport], output_format: str) -> str:
     rows = [
         {
             "code": code,
-            "name": RULES_BY_CODE[code].NAME,
+            "name": RULE_NAMES[code],
             "count": count,
             "fixable": code in fixable,
         }
@@ -291,21 +297,24 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         reading_stdin = True
     start = Path(args.stdin_filename).parent if args.stdin_filename else paths[0]
     settings = _settings(args, start if reading_stdin else paths[0])
-    linter = Linter(settings)
     mode = _mode(args)
     if reading_stdin:
-        return _stdin(args, settings, linter, mode, out, err)
+        from replaylint.lint.engine import Linter
+
+        return _stdin(args, settings, Linter(settings), mode, out, err)
     files, errors = discover(paths, settings, force_exclude=args.force_exclude)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     cache = None if args.no_cache else ResultCache(settings.root, _configuration_key(settings))
     reports = lint_many(
-        linter,
+        settings,
         files,
         mode,
         unsafe=args.unsafe_fixes,
         cache=cache,
         jobs=args.jobs or default_jobs(),
+        # Only the text format shows source lines.
+        keep_sources=args.output_format == "text" and not args.statistics and mode is not Mode.DIFF,
     )
     for message in errors:
         err.write(f"error: {message}\n")

@@ -40,6 +40,11 @@ def _fail(name: str, expected: str, got: object, hint: str = "") -> ValueError:
 def _tensor(name: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise _fail(name, "a torch.Tensor", type(value).__name__)
+    # A sparse tensor reports zero strides: say what is wrong before any stride check misleads.
+    if value.layout != torch.strided:
+        raise _fail(
+            name, "a dense (strided) tensor", f"a {value.layout} tensor", f"Pass {name}.to_dense()."
+        )
     return value
 
 
@@ -88,6 +93,17 @@ def _contiguous(name: str, t: torch.Tensor) -> None:
             "a contiguous tensor",
             f"shape {tuple(t.shape)} with strides {tuple(t.stride())}",
             f"Pass {name}.contiguous().",
+        )
+
+
+def _has_data(name: str, device: torch.device) -> None:
+    # The other arguments are checked against this device, so one check covers them all.
+    if device.type == "meta":
+        raise _fail(
+            name,
+            "a tensor with data (a CPU or CUDA device)",
+            "a tensor on the meta device",
+            "Meta tensors carry shapes only, and the decode step reads and writes values.",
         )
 
 
@@ -233,6 +249,7 @@ def validate_decode_args(
     _floating("initial_state", state, _REFERENCE_STATE_DTYPES if reference else STATE_DTYPES)
     _last_dim_contiguous("initial_state", state)
     device = state.device
+    _has_data("initial_state", device)
 
     d = _tensor("d_cache", d_cache)
     _rank("d_cache", d, (4,), "[slots, HV, L, V]")
@@ -330,6 +347,7 @@ def validate_recurrent_args(
     _rank("state", s, (4,), "[slots, HV, V, K]")
     slots, num_value_heads, head_v_dim, head_k_dim = s.shape
     _floating("state", s, _REFERENCE_STATE_DTYPES)
+    _has_data("state", s.device)
     qkv = _tensor("mixed_qkv", mixed_qkv)
     _rank("mixed_qkv", qkv, (2,), "[B, 2*H*K + HV*V]")
     key_width = qkv.size(1) - num_value_heads * head_v_dim

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from replaylint.lint.findings import Applicability
 from replaylint.lint.gate_caches import GateCacheNames
 from replaylint.lint.imports import ImportTable
+from replaylint.lint.positions import NodePositions
 from replaylint.lint.scopes import Scope, ScopeNode, build_scope
 from replaylint.lint.settings import EntryPoint
 
@@ -62,7 +62,7 @@ class FileContext:
     """What a rule may consult about the file under analysis, and where it reports."""
 
     filename: str
-    wrapper: MetadataWrapper
+    module: cst.Module
     gate_caches: GateCacheNames
     entry_points: tuple[EntryPoint, ...]
     drafts: list[FindingDraft] = field(default_factory=list)
@@ -71,10 +71,13 @@ class FileContext:
     _imports: ImportTable | None = None
     memo: dict[str, object] = field(default_factory=dict)
     """Per-file analyses that rules share (built on first use)."""
+    source: str | None = None
+    """The text ``module`` was parsed from: lets positions be found without rendering it all."""
+    positions: NodePositions = field(init=False)
+    """Spans and statement rows of nodes, computed only for the nodes that ask."""
 
-    @property
-    def module(self) -> cst.Module:
-        return self.wrapper.module
+    def __post_init__(self) -> None:
+        self.positions = NodePositions(self.module, self.source)
 
     def add_finding(self, code: str, node: cst.CSTNode, message: str, fix: FixDraft | None) -> None:
         self.drafts.append(FindingDraft(code, node, message, fix))
@@ -105,9 +108,9 @@ class FileContext:
         return scope
 
     def line_of(self, node: cst.CSTNode) -> int:
-        """``node``'s first line. Positions are computed once per file, on first use: rules call
-        this only to word a finding, so files without findings never pay for it."""
-        return self.wrapper.resolve(PositionProvider)[node].start.line
+        """``node``'s first line. Rules call this only to word a finding, so files without
+        findings never pay for positions."""
+        return self.positions.span(node).start.line
 
     def torch_attribute(self, attribute: str) -> tuple[str, tuple[EditDraft, ...]]:
         """Spell ``torch.<attribute>`` with the module's own alias for ``torch``.

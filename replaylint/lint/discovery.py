@@ -11,7 +11,6 @@ import fnmatch
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,47 +58,87 @@ def discover(
 def _walk(directory: Path, settings: Settings) -> Iterable[Path]:
     # Folders are pruned on the way down, so a name-only pattern needs checking against each
     # entry's own name; patterns with a "/" are matched against the whole path (rare: slower).
+    # Strings and os.scandir rather than Path objects: a monorepo has tens of thousands of entries.
     patterns = (*settings.exclude, *settings.extend_exclude)
     by_name = re.compile(
         "|".join(fnmatch.translate(p.rstrip("/")) for p in patterns if "/" not in p.strip("/"))
         or "(?!)"
-    )
+    ).match
     by_path = any("/" in p.strip("/") for p in patterns)
 
-    def excluded(path: Path) -> bool:
-        if by_name.match(path.name):
+    def excluded(name: str, path: str) -> bool:
+        if by_name(name):
             return True
-        return by_path and settings.is_excluded(path, walk_root=directory)
+        return by_path and settings.is_excluded(Path(path), walk_root=directory)
 
-    for folder, subfolders, files in os.walk(directory, followlinks=False):
-        base = Path(folder)
-        subfolders[:] = sorted(d for d in subfolders if not excluded(base / d))
-        for name in sorted(files):
-            if name.endswith(PYTHON_SUFFIXES) and not excluded(base / name):
-                yield base / name
+    pending = [str(directory)]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as entries:
+                listed = list(entries)
+        except OSError:
+            continue  # unreadable folder: skipped, as os.walk does
+        for entry in listed:
+            name = entry.name
+            try:
+                is_folder = entry.is_dir()
+            except OSError:
+                is_folder = False
+            if is_folder:
+                # Symlinked folders are not followed (no loops, nothing outside the tree).
+                if not entry.is_symlink() and not excluded(name, entry.path):
+                    pending.append(entry.path)
+            elif name.endswith(PYTHON_SUFFIXES) and not excluded(name, entry.path):
+                yield Path(entry.path)
+
+
+def _inside_git_work_tree(folder: Path) -> bool:
+    """A ``.git`` in the folder or above it (or git told where to look): only then can
+    ``.gitignore`` rules apply, and only then is running git worth its start-up time."""
+    if "GIT_DIR" in os.environ or "GIT_WORK_TREE" in os.environ:
+        return True
+    current = os.path.abspath(folder)
+    while True:
+        if os.path.lexists(os.path.join(current, ".git")):
+            return True
+        parent = os.path.dirname(current)
+        if parent == current:
+            return False
+        current = parent
 
 
 def _drop_git_ignored(items: list[Discovered]) -> list[Discovered]:
     """Remove files that git ignores (tracked files are never ignored, as in git itself)."""
-    git = shutil.which("git")
-    if git is None or not items:
+    if not items:
         return items
     by_repo: dict[Path, list[Discovered]] = {}
     for item in items:
         by_repo.setdefault(item.root, []).append(item)
     kept: list[Discovered] = []
+    git: str | None = None
+    cwd = os.getcwd()
     for root, group in by_repo.items():
-        ignored = _git_ignored(git, root, [item.path for item in group])
-        kept.extend(item for item in group if item.path.absolute() not in ignored)
+        folder = root if root.is_dir() else root.parent
+        if not _inside_git_work_tree(folder):
+            kept.extend(group)
+            continue
+        git = git or shutil.which("git")
+        if git is None:
+            return items
+        absolute = [os.path.join(cwd, str(item.path)) for item in group]
+        ignored = _git_ignored(git, folder, absolute)
+        kept.extend(item for item, path in zip(group, absolute, strict=True) if path not in ignored)
     return kept
 
 
-def _git_ignored(git: str, root: Path, paths: list[Path]) -> set[Path]:
-    folder = root if root.is_dir() else root.parent
+def _git_ignored(git: str, folder: Path, paths: list[str]) -> set[str]:
+    import subprocess  # only inside a git work tree
+
     try:
         completed = subprocess.run(
             [git, "check-ignore", "--stdin", "-z"],
-            input=b"".join(os.fsencode(p.absolute()) + b"\0" for p in paths),
+            input=b"".join(os.fsencode(p) + b"\0" for p in paths),
             cwd=folder,
             capture_output=True,
             check=False,
@@ -110,4 +149,4 @@ def _git_ignored(git: str, root: Path, paths: list[Path]) -> set[Path]:
     # 0: some ignored, 1: none ignored, 128: not a git repository (or another fatal error).
     if completed.returncode != 0:
         return set()
-    return {Path(os.fsdecode(p)).absolute() for p in completed.stdout.split(b"\0") if p}
+    return {os.fsdecode(p) for p in completed.stdout.split(b"\0") if p}

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from replaylint.lint.context import (
     AddModuleImport,
@@ -21,6 +20,8 @@ from replaylint.lint.context import (
 from replaylint.lint.findings import Applicability, Edit, Finding, Fix, Location
 from replaylint.lint.gate_caches import GateCacheNames
 from replaylint.lint.learning import learn_gate_cache_names
+from replaylint.lint.parse_limits import ParseLimitError, check_parse_limits
+from replaylint.lint.positions import NodePositions
 from replaylint.lint.prefilter import Relevance
 from replaylint.lint.rule import Rule
 from replaylint.lint.rules import ALL_RULES
@@ -28,6 +29,7 @@ from replaylint.lint.settings import Settings
 from replaylint.lint.suppression import parse_suppressions
 from replaylint.lint.text_edits import LineIndex, apply_edits, newline_of, select_compatible
 from replaylint.lint.traversal import walk
+from replaylint.lint.unvalidated_parse import parse_module
 
 MAX_FIX_ITERATIONS = 10
 
@@ -55,7 +57,10 @@ class FixResult:
 
 def parse(source: str) -> cst.Module:
     try:
-        return cst.parse_module(source)
+        check_parse_limits(source)  # libcst crashes on some inputs: refuse those first
+        return parse_module(source)
+    except ParseLimitError as error:
+        raise SourceError(str(error)) from None
     except cst.ParserSyntaxError as error:
         raise SourceError(
             f"syntax error: {error.message}", error.raw_line, error.raw_column + 1
@@ -113,8 +118,9 @@ class Linter:
         if not rules or (self.prefilter and not self.relevance.may_hold_finding(source)):
             return []
         module = parse(source)
-        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        context = FileContext(filename, wrapper, self.gate_caches, self.settings.entry_points)
+        context = FileContext(
+            filename, module, self.gate_caches, self.settings.entry_points, source=source
+        )
         try:
             walk(module, [rule(context) for rule in rules])
         except RecursionError:
@@ -180,17 +186,20 @@ def _apply_checked(source: str, fixes: list[Fix]) -> tuple[str, list[Fix]]:
 
 
 def _materialise(context: FileContext, source: str) -> list[Finding]:
-    positions = context.wrapper.resolve(PositionProvider)
-    parents = context.wrapper.resolve(ParentNodeProvider)
-    index = LineIndex(source)
+    positions = context.positions
+    drafts: list[FindingDraft] = []
     seen: set[tuple[str, int]] = set()
-    findings: list[Finding] = []
     for draft in context.drafts:
         key = (draft.code, id(draft.node))
-        if key in seen:
-            continue
-        seen.add(key)
-        span = positions[draft.node]
+        if key not in seen:
+            seen.add(key)
+            drafts.append(draft)
+    # One rendering of the module gives every span the findings and their fixes need.
+    positions.compute(_nodes_to_locate(context.module, drafts))
+    index = LineIndex(source)
+    findings: list[Finding] = []
+    for draft in drafts:
+        span = positions.span(draft.node)
         findings.append(
             Finding(
                 code=draft.code,
@@ -199,38 +208,26 @@ def _materialise(context: FileContext, source: str) -> list[Finding]:
                 location=Location(span.start.line, span.start.column + 1),
                 end_location=Location(span.end.line, span.end.column + 1),
                 fix=_fix_from_draft(context, draft, positions, index),
-                statement_rows=_statement_rows(draft, positions, parents),
+                statement_rows=positions.statement_rows(draft.node),
             )
         )
     return findings
 
 
-Positions = Mapping[cst.CSTNode, CodeRange]
-
-
-def _statement_rows(
-    draft: FindingDraft, positions: Positions, parents: Mapping[cst.CSTNode, cst.CSTNode]
-) -> tuple[int, int]:
-    """First and last row of the statement (or compound-statement header) holding the node."""
-    child: cst.CSTNode = draft.node
-    node: cst.CSTNode = draft.node
-    while True:
-        parent = parents[node]
-        if isinstance(parent, cst.SimpleStatementLine):
-            span = positions[parent]
-            return span.start.line, span.end.line
-        if isinstance(parent, cst.BaseCompoundStatement):
-            start = positions[parent].start.line
-            end = positions[child].end.line
-            return start, max(start, end)
-        if isinstance(parent, cst.Module):
-            span = positions[node]
-            return span.start.line, span.end.line
-        child, node = node, parent
+def _nodes_to_locate(module: cst.Module, drafts: Sequence[FindingDraft]) -> list[cst.CSTNode]:
+    nodes: list[cst.CSTNode] = []
+    for draft in drafts:
+        nodes.append(draft.node)
+        for edit in draft.fix.edits if draft.fix is not None else ():
+            if isinstance(edit, (Replace, InsertAfter)):
+                nodes.append(edit.node)
+            elif (statement := _import_anchor(module)) is not None:
+                nodes.append(statement)
+    return nodes
 
 
 def _fix_from_draft(
-    context: FileContext, draft: FindingDraft, positions: Positions, index: LineIndex
+    context: FileContext, draft: FindingDraft, positions: NodePositions, index: LineIndex
 ) -> Fix | None:
     fix: FixDraft | None = draft.fix
     if fix is None:
@@ -239,9 +236,11 @@ def _fix_from_draft(
     return Fix(fix.applicability, fix.message, edits)
 
 
-def _edit(context: FileContext, edit: EditDraft, positions: Positions, index: LineIndex) -> Edit:
+def _edit(
+    context: FileContext, edit: EditDraft, positions: NodePositions, index: LineIndex
+) -> Edit:
     if isinstance(edit, Replace):
-        span = positions[edit.node]
+        span = positions.span(edit.node)
         content = edit.new if isinstance(edit.new, str) else context.module.code_for_node(edit.new)
         return Edit(
             Location(span.start.line, span.start.column + 1),
@@ -249,18 +248,17 @@ def _edit(context: FileContext, edit: EditDraft, positions: Positions, index: Li
             content,
         )
     if isinstance(edit, InsertAfter):
-        end = positions[edit.node].end
+        end = positions.span(edit.node).end
         point = Location(end.line, end.column + 1)
         return Edit(point, point, edit.text)
     assert isinstance(edit, AddModuleImport)
     return _import_edit(context.module, edit.module, positions, index)
 
 
-def _is_docstring_or_future(statement: cst.BaseStatement, first: bool) -> bool:
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-        return False
-    small = statement.body[0]
-    if first and isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString):
+def _is_docstring_or_future(small: cst.BaseSmallStatement, first: bool) -> bool:
+    """The module docstring (a string, also implicitly concatenated) or a ``__future__`` import:
+    what must stay before an inserted import."""
+    if first and isinstance(small, cst.Expr) and _is_plain_string(small.value):
         return True
     return (
         isinstance(small, cst.ImportFrom)
@@ -269,13 +267,38 @@ def _is_docstring_or_future(statement: cst.BaseStatement, first: bool) -> bool:
     )
 
 
-def _import_edit(module: cst.Module, name: str, positions: Positions, index: LineIndex) -> Edit:
-    newline = newline_of(index.source)
+def _is_plain_string(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.ConcatenatedString):
+        return _is_plain_string(node.left) and _is_plain_string(node.right)
+    return isinstance(node, cst.SimpleString)
+
+
+def _import_anchor(module: cst.Module) -> cst.CSTNode | None:
+    """What an inserted import goes right before: the first statement that is neither the
+    docstring nor a ``__future__`` import (its first decorator, if decorated), or a small
+    statement that follows them on their line (``from __future__ import x; import os``)."""
     for position, statement in enumerate(module.body):
-        if not _is_docstring_or_future(statement, first=position == 0):
-            start = positions[statement].start
-            point = Location(start.line, 1)
-            return Edit(point, point, f"import {name}{newline}")
+        if isinstance(statement, cst.SimpleStatementLine):
+            for number, small in enumerate(statement.body):
+                if not _is_docstring_or_future(small, first=position == 0 and number == 0):
+                    return small if number else statement
+            continue
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.decorators:
+            return statement.decorators[0]
+        return statement
+    return None
+
+
+def _import_edit(module: cst.Module, name: str, positions: NodePositions, index: LineIndex) -> Edit:
+    newline = newline_of(index.source)
+    anchor = _import_anchor(module)
+    if isinstance(anchor, cst.BaseSmallStatement):  # on the line of a __future__ import
+        start = positions.span(anchor).start
+        point = Location(start.line, start.column + 1)
+        return Edit(point, point, f"import {name}; ")
+    if anchor is not None:
+        point = Location(positions.span(anchor).start.line, 1)
+        return Edit(point, point, f"import {name}{newline}")
     source = index.source
     point = index.end()
     lead = "" if source == "" or source.endswith(("\n", "\r")) else newline

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
+from replaylint.lint.parse_limits import too_large
 from replaylint.lint.settings import EntryPoint
 
 __all__ = ["TOO_GENERIC_TO_LEARN", "entry_point_needles", "learn_gate_cache_names"]
@@ -52,6 +53,8 @@ def learn_gate_cache_names(
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
         if needles is not None and not any(needle in text for needle in needles):
+            continue
+        if too_large(text) is not None:  # the checking pass reports it
             continue
         try:
             tree = ast.parse(text, filename=filename)
@@ -135,12 +138,14 @@ def _name_of(expr: ast.expr) -> str | None:
 
 
 def _dotted(expr: ast.expr) -> str | None:
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        inner = _dotted(expr.value)
-        return None if inner is None else f"{inner}.{expr.attr}"
-    return None
+    parts: list[str] = []
+    while isinstance(expr, ast.Attribute):  # a loop: generated chains can be thousands long
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    parts.append(expr.id)
+    return ".".join(reversed(parts))
 
 
 def _import_aliases(tree: ast.AST) -> dict[str, str]:

@@ -69,6 +69,11 @@ class Relevance:
             else tuple(n.encode() for n in self._needles)
         )
 
+    @property
+    def byte_needles(self) -> tuple[bytes, ...] | None:
+        """Stage one's needles (lower-case ASCII); None when stage one cannot rule anything out."""
+        return self._byte_needles
+
     def may_hold_finding_raw(self, raw: bytes) -> bool:
         """Stage one on undecoded bytes: False means the file surely holds no finding."""
         if self._byte_needles is None:
@@ -86,7 +91,7 @@ class Relevance:
                 right = _WORD_FROM.match(text, start)
                 assert right is not None
                 words.add(text[left.start() if left else start : right.end()])
-                start = lowered.find(core, right.end())
+                start = lowered.find(core, max(right.end(), start + 1))
         return words
 
     def is_relevant_word(self, word: str) -> bool:
@@ -96,6 +101,8 @@ class Relevance:
 
     def may_hold_finding(self, text: str) -> bool:
         lowered = text.lower()
+        if len(lowered) != len(text):  # "İ" lowers to two characters: keep offsets aligned
+            lowered = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
         if self._needles is not None and not any(needle in lowered for needle in self._needles):
             return False
         if any(self.is_relevant_word(word) for word in self._words_with_cores(text, lowered)):

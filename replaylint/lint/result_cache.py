@@ -1,10 +1,11 @@
 """The result cache: per-file results keyed by content, configuration and version.
 
 ``.replaylint_cache/`` (it ignores itself with its own ``.gitignore``) holds one JSON file per
-effective configuration — the settings, the replaylint version and the rule set. Each file maps a
-path to its size, modification time, content digest, the gate-cache names it teaches and its
-results under a given set of learned names. A file whose size and mtime are unchanged is not even
-read; one whose content digest is unchanged is not analysed again.
+effective configuration — the settings, the replaylint version and the rule set. Each file maps an
+absolute path to its size, modification time, content digest, the gate-cache names it teaches and
+its results under a given set of learned names. A file whose size and mtime are unchanged is not
+even read; one whose content digest is unchanged is not analysed again. Entries are decoded one at
+a time, and their findings only when a run reports them.
 
 Safety: the store is written to a temporary file and renamed into place, so a crash or a
 concurrent run leaves either the old or the new store, never a torn one (the last writer wins).
@@ -38,12 +39,34 @@ class CachedFile:
     size: int
     mtime_ns: int
     digest: str
+    """Content digest; "" when the file was ruled out without being read."""
     learned: tuple[tuple[str, int, str], ...]
     """(name, row, function) of every gate-cache name the file teaches."""
     learned_key: str
     """Fingerprint of the learned names the results were computed with."""
     findings: tuple[Finding, ...] | None
     """None when the file's results are unknown."""
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A store entry as read: its findings are decoded only when a run needs them."""
+
+    size: int
+    mtime_ns: int
+    digest: str
+    learned: tuple[tuple[str, int, str], ...]
+    learned_key: str
+    raw_findings: Any
+
+    def findings(self, filename: str) -> tuple[Finding, ...] | None:
+        """The cached findings, or None when unknown or not in the shape we write."""
+        if self.raw_findings is None:
+            return None
+        try:
+            return tuple(finding_from_data(item, filename) for item in self.raw_findings)
+        except (TypeError, ValueError, KeyError, IndexError):
+            return None
 
 
 def _location(data: Any) -> Location:
@@ -115,25 +138,26 @@ class ResultCache:
         if isinstance(data, dict) and isinstance(data.get("files"), dict):
             self._entries = data["files"]
 
-    def get(self, path: Path, filename: str) -> CachedFile | None:
-        entry = self._entries.get(str(path.absolute()))
+    def lookup(self, key: str) -> StoredFile | None:
+        """The entry of the file whose absolute path is ``key``; None if absent or malformed."""
+        entry = self._entries.get(key)
         try:
             size, mtime_ns, content_digest, learned, learned_key, findings = entry  # type: ignore[misc]
-            return CachedFile(
+            if findings is not None and not isinstance(findings, list):
+                return None
+            return StoredFile(
                 size=int(size),
                 mtime_ns=int(mtime_ns),
                 digest=str(content_digest),
                 learned=tuple((str(n), int(r), str(f)) for n, r, f in learned),
                 learned_key=str(learned_key),
-                findings=None
-                if findings is None
-                else tuple(finding_from_data(item, filename) for item in findings),
+                raw_findings=findings,
             )
         except (TypeError, ValueError, KeyError, IndexError):
             return None  # absent, or not the shape we write: ignore it
 
-    def put(self, path: Path, cached: CachedFile) -> None:
-        self._entries[str(path.absolute())] = [
+    def put(self, key: str, cached: CachedFile) -> None:
+        self._entries[key] = [
             cached.size,
             cached.mtime_ns,
             cached.digest,

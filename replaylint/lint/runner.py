@@ -1,4 +1,8 @@
-"""Running the linter over files: read, check or fix, write, and report per file."""
+"""Running the linter over files: read, check or fix, write, and report per file.
+
+The engine (and with it libcst) is imported only when a text is really analysed: a run answered
+from the result cache uses this module's report type without paying for that import.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,14 @@ import ast
 import difflib
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replaylint.lint.discovery import Discovered
-from replaylint.lint.engine import Linter, SourceError
 from replaylint.lint.findings import Applicability, Finding
 from replaylint.lint.source_io import FileProblem, read_source, write_atomically
+
+if TYPE_CHECKING:
+    from replaylint.lint.engine import Linter, SourceError
 
 
 class Mode(enum.Enum):
@@ -63,6 +70,8 @@ def _error(filename: str, error: SourceError) -> str:
 def _python_syntax_error(text: str) -> SourceError | None:
     """Python's own account of a syntax error: libcst's native parser reports column 1 and a
     list of expected tokens, Python the exact position and a readable reason."""
+    from replaylint.lint.engine import SourceError
+
     try:
         ast.parse(text)
     except SyntaxError as error:
@@ -78,6 +87,8 @@ def lint_text(
     linter: Linter, text: str, filename: str, mode: Mode, *, unsafe: bool = False
 ) -> tuple[FileReport, str]:
     """Lint (and in fix/diff mode fix) ``text``; returns the report and the resulting text."""
+    from replaylint.lint.engine import SourceError
+
     report = FileReport(filename, source=text, unsafe_fixes=unsafe)
     try:
         if mode is Mode.CHECK:
@@ -88,6 +99,12 @@ def lint_text(
         if error.row is not None:  # a syntax error, not "nested too deeply"
             error = _python_syntax_error(text) or error
         report.error = _error(filename, error)
+        return report, text
+    except RecursionError:  # libcst's tree walks recurse per level (see parse_limits.py)
+        report.error = (
+            f"{filename}: is too deeply nested to analyse (Python's recursion limit); "
+            "replaylint skipped it"
+        )
         return report, text
     except Exception as error:  # a bug in a rule must not stop the other files
         report.error = (

@@ -102,3 +102,18 @@ def _walk(
             _walk(value, entering, leaving)
     for function in leaving.get(name, ()):
         function(node)
+
+
+def syntax_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node``'s children that :func:`walk` visits (formatting tokens left out), in order."""
+    children: list[cst.CSTNode] = []
+    for field in _child_fields(type(node)):
+        value = getattr(node, field)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            children.extend(
+                item for item in value if _WALKABLE.get(type(item)) or _walkable(type(item))
+            )
+        elif _WALKABLE.get(kind) or _walkable(kind):
+            children.append(value)
+    return children

@@ -93,14 +93,16 @@ def test_gqa_writes_k_once_per_key_head() -> None:
     torch.testing.assert_close(pool.k_cache[2, 0, 0], k / torch.sqrt((k * k).sum() + 1e-6))
 
 
-def _strided(pool: Pool, pad: int) -> tuple[Pool, list[torch.Tensor]]:
+def _strided(pool: Pool, pad: int, spare_slots: int = 0) -> tuple[Pool, list[torch.Tensor]]:
     """The same pool as views into larger buffers: a slot stride past the slot's size (the
-    pool interleaves other data) and a non-zero storage offset."""
+    pool interleaves other data) and a non-zero storage offset. ``spare_slots`` whole slots of
+    buffer lie before and after the pool, where slots -1, -2, ... and S, S+1, ... would be."""
     views, bases = [], []
     for t in pool.tensors():
         S, rest = t.size(0), t[0].numel()
-        base = torch.full((pad + S * (rest + pad),), 7.0, dtype=t.dtype)
-        view = base[pad:].as_strided(t.shape, (rest + pad, *t[0].stride()))
+        lead = pad + spare_slots * (rest + pad)
+        base = torch.full((lead + (S + spare_slots) * (rest + pad),), 7.0, dtype=t.dtype)
+        view = base[lead:].as_strided(t.shape, (rest + pad, *t[0].stride()))
         view.copy_(t)
         views.append(view)
         bases.append(base)
@@ -165,6 +167,46 @@ def test_out_of_range_slots_are_padding_and_cursors_are_clamped() -> None:
     assert not torch.equal(pool.d_cache[1, :, 0], before.d_cache[1, :, 0])
     assert not torch.equal(pool.state[2], before.state[2])
     assert torch.equal(pool.d_cache[2], before.d_cache[2])
+
+
+INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
+
+
+def test_hostile_slots_and_cursors_never_touch_memory_around_the_pool() -> None:
+    """Slots far past the pool or far negative, cursors far out of range: every pool tensor is a
+    view into a larger buffer, and the guard bands before, between and after the slots keep
+    their bytes. In-range rows still get the reference's result."""
+    case = CASE.with_(batch=8, slots=4)
+    L = case.ring_len
+    rows = [case.slots, INT32_MAX, -5, INT32_MIN, 0, 1, 2, 3]
+    cursors = [0, L - 1, 1, 0, INT32_MAX, INT32_MIN, L + 5, -3]
+    force = [1, 1, 1, 1, 0, 0, 0, 1]
+    step = _step(case, rows, force)
+    write_pos = torch.tensor(cursors, dtype=torch.int32)
+    dense = make_pool(case)
+    strided, bases = _strided(dense.clone(), pad=9, spare_slots=2)
+    guard_before = [
+        _outside(base, view) for base, view in zip(bases, strided.tensors(), strict=True)
+    ]
+    out = run_kernel(step, strided, write_pos, torch.float32, case)
+    for before, base, view in zip(guard_before, bases, strided.tensors(), strict=True):
+        assert torch.equal(before, _outside(base, view))
+    # Rows whose slot is outside [0, slots) are padding: zero output, nothing written.
+    assert torch.equal(out[:4], torch.zeros_like(out[:4]))
+    # The in-range rows behave as with their cursors clamped into [0, L), as the reference does.
+    ref_pool = dense.clone()
+    ref_out = run_replay_reference(step, ref_pool, write_pos, torch.float32, case)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    for name, a, b in _named(strided, ref_pool):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_empty_pool_makes_every_row_padding() -> None:
+    case = CASE.with_(slots=0)
+    pool = make_pool(case)
+    step = _step(case, [0, -1, 1, 5])
+    out = run_kernel(step, pool, torch.tensor([0, 1, 2, 3], dtype=torch.int32), torch.float32, case)
+    assert torch.equal(out, torch.zeros_like(out))
 
 
 def test_cpu_path_needs_no_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:

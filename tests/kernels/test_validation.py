@@ -32,7 +32,7 @@ def valid_args() -> dict[str, Any]:
         "d_cache": torch.randn(S, HV, L, V),
         "k_cache": torch.randn(S, H, L, K),
         "g_cache": torch.randn(S, HV, L, K),
-        "out": torch.empty(B, 1, HV, V),
+        "out": torch.zeros(B, 1, HV, V),  # not empty(): NaN garbage would never compare equal
         "ssm_state_indices": torch.tensor([0, -1, 2], dtype=torch.int32),
         "write_pos": torch.tensor([0, 1, 3], dtype=torch.int32),
         "force_flush": torch.tensor([0, 0, 1], dtype=torch.int32),
@@ -137,6 +137,51 @@ CASES: list[tuple[str, Mutation, str]] = [
 ]
 
 
+TENSOR_ARGUMENTS = (
+    "mixed_qkv", "a", "b", "A_log", "dt_bias", "initial_state", "d_cache", "k_cache", "g_cache",
+    "out", "ssm_state_indices", "write_pos", "force_flush",
+)  # fmt: skip
+
+
+def _sparse(name: str) -> Mutation:
+    def mutate(args: dict[str, Any]) -> None:
+        args[name] = args[name].to_sparse()
+
+    return mutate
+
+
+def _complex(name: str) -> Mutation:
+    def mutate(args: dict[str, Any]) -> None:
+        args[name] = args[name].to(torch.complex64)
+
+    return mutate
+
+
+def _on_meta(name: str) -> Mutation:
+    def mutate(args: dict[str, Any]) -> None:
+        args[name] = args[name].to("meta")
+
+    return mutate
+
+
+# Every tensor argument: a non-tensor, a sparse tensor, and (all but the state, whose device is
+# the reference) a tensor on another device; complex activations and state.
+# (g_cache's type is the guard's at the kernel entry: test_non_tensor_gate_cache below.)
+CASES += [
+    (name, _set(name, lambda: [[0.0]]), "torch.Tensor")
+    for name in TENSOR_ARGUMENTS
+    if name != "g_cache"
+]
+CASES += [(name, _sparse(name), "dense (strided)") for name in TENSOR_ARGUMENTS]
+CASES += [(name, _on_meta(name), "device") for name in TENSOR_ARGUMENTS if name != "initial_state"]
+CASES += [(name, _complex(name), "floating") for name in ("mixed_qkv", "a", "b", "out", "d_cache")]
+CASES += [
+    ("initial_state", _complex("initial_state"), "float32"),
+    ("A_log", _complex("A_log"), "float32"),
+    ("dt_bias", _complex("dt_bias"), "float32"),
+]
+
+
 # The reference takes a float64 state (it is the high-precision oracle); the kernel does not.
 KERNEL_ONLY: list[tuple[str, Mutation, str]] = [
     ("initial_state", _set_shaped("initial_state", (S, HV, V, K), torch.float64), "float32"),
@@ -169,6 +214,33 @@ def test_each_violation_names_the_argument(
     assert message.startswith(f"{argument}:"), message
     assert "got" in message
     assert mentions in message, message
+
+
+@pytest.mark.parametrize("entry", [replayssm_decode, replayssm_decode_reference])
+def test_meta_tensors_everywhere_are_refused_by_name(entry: Callable[..., object]) -> None:
+    args = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in valid_args().items()}
+    with pytest.raises(ValueError, match=r"^initial_state: expected a tensor with data"):
+        entry(**args)
+
+
+def test_recurrent_reference_refuses_a_meta_state() -> None:
+    args = valid_args()
+    common = {k: args[k] for k in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "scale", "out")}
+    with pytest.raises(ValueError, match=r"^state: expected a tensor with data"):
+        recurrent_decode_reference(
+            **common,
+            state=args["initial_state"].to("meta"),
+            ssm_state_indices=args["ssm_state_indices"],
+        )
+
+
+def test_non_tensor_gate_cache() -> None:
+    args = valid_args()
+    args["g_cache"] = [[0.0]]
+    with pytest.raises(GateCacheDtypeError, match=r"argument 'g_cache' must be a torch\.Tensor"):
+        replayssm_decode(**args)
+    with pytest.raises(ValueError, match=r"^g_cache: expected a torch\.Tensor, got list"):
+        replayssm_decode_reference(**args)
 
 
 def test_validation_runs_before_any_write() -> None:

@@ -116,3 +116,61 @@ def test_relevant_text_is_kept(text: str) -> None:
     relevance = Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS)
     assert relevance.may_hold_finding(text)
     assert relevance.may_hold_finding_raw(text.encode())
+
+
+# The first stage over a whole tree runs in grep (needle_search); it must pick exactly the files
+# the Python stage picks, whatever their case, encoding, line endings or binary content.
+_TREE_FILES: dict[str, bytes] = {
+    "lower.py": b"g_cache = 1\n",
+    "upper.py": b"LAYER_G_CACHE = 1\n",
+    "mixed.py": b"x = self.Replayssm_G\n",
+    "built.py": b'name = f"{k}_CACHE\'"\n',
+    "entry.py": b"ops.kda_replayssm_decode(a, b)\n",
+    "crlf.py": b"a = 1\r\nb = gate_cache\r\n",
+    "nul.py": b"\x00\x01g_cache\xff\n",
+    "latin1.py": b"# -*- coding: latin-1 -*-\nname = '\xe9'\nkv_cache = 1\n",
+    "plain.py": b"kv_cache = torch.zeros(3)\n",
+    "empty.py": b"",
+    "-leading-dash.py": b"g_cache = 1\n",
+    "new\nline.py": b"replayssm_g = 1\n",
+    "spaces in name.py": b"nothing here\n",
+}
+
+
+@pytest.mark.parametrize("grep", [True, False], ids=["grep", "python"])
+def test_tree_search_matches_the_python_first_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grep: bool
+) -> None:
+    from replaylint.lint import needle_search
+
+    if not grep:
+        monkeypatch.setattr(needle_search.shutil, "which", lambda name: None)
+    elif needle_search.shutil.which("grep") is None:
+        pytest.skip("no grep here")
+    relevance = Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS)
+    assert relevance.byte_needles is not None
+    paths = []
+    for name, data in _TREE_FILES.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+    paths.append(str(tmp_path / "missing.py"))  # unreadable: counted in, its reader reports it
+    found = needle_search.files_containing(paths, relevance.byte_needles, jobs=2)
+    expected = {
+        str(tmp_path / n) for n, d in _TREE_FILES.items() if relevance.may_hold_finding_raw(d)
+    }
+    assert found == expected | {str(tmp_path / "missing.py")}
+    assert {Path(p).name for p in expected} == {
+        "lower.py", "upper.py", "mixed.py", "built.py", "entry.py", "crlf.py", "nul.py",
+        "-leading-dash.py", "new\nline.py",
+    }  # fmt: skip
+
+
+def test_tree_search_splits_long_command_lines(tmp_path: Path) -> None:
+    from replaylint.lint import needle_search
+
+    names = [f"{'x' * 200}{number}.py" for number in range(1200)]  # about 240 kB of arguments
+    for number, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"g_cache\n" if number % 7 == 0 else b"pass\n")
+    paths = [str(tmp_path / name) for name in names]
+    found = needle_search.files_containing(paths, [b"g_cache"], jobs=1)
+    assert found == {p for number, p in enumerate(paths) if number % 7 == 0}

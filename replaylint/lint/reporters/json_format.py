@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from replaylint.lint.findings import Finding, Location
-from replaylint.lint.rules import RULES_BY_CODE
+from replaylint.lint.rule_catalogue import RULE_NAMES, rule_url
 from replaylint.lint.runner import FileReport
 
 
@@ -42,7 +42,7 @@ def finding_to_json(finding: Finding) -> dict[str, Any]:
                 for edit in fix.edits
             ],
         },
-        "url": RULES_BY_CODE[finding.code].url() if finding.code in RULES_BY_CODE else None,
+        "url": rule_url(finding.code) if finding.code in RULE_NAMES else None,
     }
 
 

@@ -10,7 +10,6 @@ from urllib.parse import quote
 
 from replaylint._version import __version__
 from replaylint.lint.findings import Finding, Location
-from replaylint.lint.rules import ALL_RULES
 from replaylint.lint.runner import FileReport
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -70,6 +69,9 @@ def _result(finding: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
 
 
 def render_sarif(reports: Sequence[FileReport]) -> str:
+    # The rules' full documentation is only here: import them (and libcst) only for this format.
+    from replaylint.lint.rules import ALL_RULES
+
     rules = [
         {
             "id": rule.CODE,
