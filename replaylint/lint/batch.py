@@ -14,6 +14,7 @@ answered from the cache costs little more than start-up, discovery and one ``sta
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import stat
@@ -219,7 +220,15 @@ def _scan_in_worker(job: tuple[str, str]) -> _Scanned | None:
 
 def _lint_one(linter: Linter, job: _LintJob) -> FileReport:
     item, mode, unsafe, keep_source = job
-    report = lint_file(linter, item, mode, unsafe=unsafe)
+    # libcst builds a large, acyclic tree per file (freed by reference counting); the cyclic
+    # collector's passes while it grows find nothing and cost ~10% of the analysis.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        report = lint_file(linter, item, mode, unsafe=unsafe)
+    finally:
+        if collecting:
+            gc.enable()
     if not (keep_source and report.findings):
         report.source = None  # nothing will show it: do not keep (or ship back) the text
     return report
@@ -251,6 +260,9 @@ def _in_workers(
 
     global _WORKER_STATE
     _WORKER_STATE = state
+    # Objects that exist now (the imported analysis, the state) stay out of the collector's
+    # passes in the workers, which then neither scan them nor copy their pages by touching them.
+    gc.freeze()
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
@@ -259,6 +271,7 @@ def _in_workers(
                 meanwhile()
             return list(results)
     finally:
+        gc.unfreeze()
         _WORKER_STATE = None
 
 
