@@ -103,13 +103,15 @@ def _learn(settings: Settings, filename: str, raw: bytes) -> _Learned:
     return tuple((name, origin.row, origin.function) for name, origin in learned.items())
 
 
-def _confirmed(relevance: Relevance, raw: bytes) -> bool:
-    """The pre-filter's second stage on a file that passed the first."""
+def _classify(relevance: Relevance, raw: bytes) -> tuple[bool, bool]:
+    """The pre-filter's two stages on a file's bytes: (passes stage one, may hold a finding)."""
+    if not relevance.may_hold_finding_raw(raw):
+        return False, False
     try:
         text, _ = decode_source(raw)
     except FileProblem:
-        return True  # the analysis reports the problem
-    return relevance.may_hold_finding(text)
+        return True, True  # the analysis reports the problem
+    return True, relevance.may_hold_finding(text)
 
 
 @dataclass(frozen=True)
@@ -151,12 +153,12 @@ class _Scanner:
             return None
         content = digest(raw) if self.digests else ""
         same = bool(stored_digest) and stored_digest == content
-        stage_one = self.relevance.may_hold_finding_raw(raw)
+        stage_one, candidate = _classify(self.relevance, raw)
         return _Scanned(
             digest=content,
             learned=None if same else _learn(self.settings, path, raw),
             stage_one=stage_one,
-            candidate=stage_one and _confirmed(self.relevance, raw),
+            candidate=candidate,
         )
 
     def scan(self, info: _File) -> bool:
@@ -386,8 +388,7 @@ def _rescan_for_learned_names(
         except OSError:
             info.candidate = True  # let the analysis report it
             continue
-        info.stage_one = scanner.relevance.may_hold_finding_raw(raw)
-        info.candidate = info.stage_one and _confirmed(scanner.relevance, raw)
+        info.stage_one, info.candidate = _classify(scanner.relevance, raw)
 
 
 def _merge_learned(

@@ -16,19 +16,25 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-__all__ = ["GrepSearch", "files_containing"]
+__all__ = ["GrepSearch", "contains_needle", "files_containing"]
 
 # Keep each command line well under ARG_MAX (at least 128 KiB on the systems we run on).
 _ARGUMENT_BYTES = 96 * 1024
 
 
+def contains_needle(raw: bytes, needles: Sequence[bytes]) -> bool:
+    """``raw`` contains one of ``needles`` (lower-case ASCII), ASCII case ignored."""
+    lowered = raw.lower()  # folds ASCII letters only, like grep -i in the C locale
+    return any(needle in lowered for needle in needles)
+
+
 def _python_contains(path: str, needles: Sequence[bytes]) -> bool:
     try:
         with open(path, "rb") as handle:
-            lowered = handle.read().lower()
+            raw = handle.read()
     except OSError:
         return True  # unreadable here: let the caller read it and report the problem
-    return any(needle in lowered for needle in needles)
+    return contains_needle(raw, needles)
 
 
 def _chunks(paths: Sequence[str], pieces: int) -> list[list[str]]:

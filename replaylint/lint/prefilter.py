@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 from replaylint.lint.gate_caches import GateCacheNames
+from replaylint.lint.needle_search import contains_needle
 from replaylint.lint.settings import EntryPoint
 
 _GLOB_META = re.compile(r"[*?\[\]]")
@@ -78,8 +79,7 @@ class Relevance:
         """Stage one on undecoded bytes: False means the file surely holds no finding."""
         if self._byte_needles is None:
             return True
-        lowered = raw.lower()  # ASCII-only, like the needles
-        return any(needle in lowered for needle in self._byte_needles)
+        return contains_needle(raw, self._byte_needles)
 
     def _words_with_cores(self, text: str, lowered: str) -> set[str]:
         """Every identifier of ``text`` that contains a core, found from the core outwards."""
