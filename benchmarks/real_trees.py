@@ -44,11 +44,12 @@ from pathlib import Path
 import libcst as cst
 
 from replaylint._version import __version__
-from replaylint.lint.analysis import GateCacheBinding, GateCacheRule
-from replaylint.lint.engine import Linter, SourceError
-from replaylint.lint.findings import Finding
-from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.model import Finding, SourceError
+from replaylint.lint.rules.base import Rule as GateCacheRule
+from replaylint.lint.rules.registry import ALL_RULES
 
 DEFAULT_TREES = ("sglang", "fla-core")
 POOL = "sglang/srt/mem_cache/memory_pool.py"

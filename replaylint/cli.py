@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from replaylint._version import __version__
-from replaylint.lint.batch import default_jobs, lint_many
-from replaylint.lint.config import ConfigError, load_settings, validate_selectors
-from replaylint.lint.discovery import discover
-from replaylint.lint.reporters import RENDERERS
-from replaylint.lint.result_cache import ResultCache
-from replaylint.lint.rule_catalogue import RULE_NAMES
-from replaylint.lint.runner import FileReport, Mode, lint_text
-from replaylint.lint.settings import Settings, apply_selection_layer
-from replaylint.lint.source_io import FileProblem, decode_source
+from replaylint.lint.config.loading import ConfigError, load_settings, validate_selectors
+from replaylint.lint.config.settings import Settings, apply_selection_layer
+from replaylint.lint.model import FileReport, Mode
+from replaylint.lint.report import RENDERERS
+from replaylint.lint.rules.catalogue import RULE_NAMES
+from replaylint.lint.run.batch import default_jobs, lint_many
+from replaylint.lint.run.cache import ResultCache
+from replaylint.lint.run.discovery import discover
+from replaylint.lint.run.files import FileProblem, decode_source
+from replaylint.lint.run.one_file import lint_text
 
 if TYPE_CHECKING:
     from replaylint.lint.engine import Linter
@@ -107,8 +108,8 @@ def _rule_parser() -> argparse.ArgumentParser:
 
 
 def _rule_command(argv: Sequence[str], out: TextIO) -> int:
-    from replaylint.lint.rule_docs import rule_markdown
-    from replaylint.lint.rules import ALL_RULES, RULES_BY_CODE
+    from replaylint.lint.rules.docs import rule_markdown
+    from replaylint.lint.rules.registry import ALL_RULES, RULES_BY_CODE
 
     args = _rule_parser().parse_args(argv)
     if args.all:

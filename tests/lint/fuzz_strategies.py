@@ -28,7 +28,7 @@ import hypothesmith
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from replaylint.lint.gate_caches import DEFAULT_GATE_CACHE_PATTERNS
+from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS
 
 __all__ = [
     "GATE_NAMES",

@@ -22,9 +22,9 @@ from typing import ParamSpec, TypeVar
 import libcst as cst
 from hypothesis import HealthCheck, settings
 
-from replaylint.lint.engine import Linter, SourceError
-from replaylint.lint.findings import Applicability, Finding
-from replaylint.lint.runner import Mode, lint_text
+from replaylint.lint.engine import Linter
+from replaylint.lint.model import Applicability, Finding, Mode, SourceError
+from replaylint.lint.run.one_file import lint_text
 
 __all__ = [
     "EXAMPLE_TIME_LIMIT_S",

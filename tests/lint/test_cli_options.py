@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from replaylint.lint.context import FileContext, FixDraft
-from replaylint.lint.findings import Applicability
-from replaylint.lint.rule import Invalid, Rule
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.context import FileContext
+from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule
+from replaylint.lint.rules.registry import ALL_RULES
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

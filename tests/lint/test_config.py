@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replaylint.lint.config import load_settings
-from replaylint.lint.settings import EntryPoint
+from replaylint.lint.config.loading import load_settings
+from replaylint.lint.gatecache.entry_points import EntryPoint
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

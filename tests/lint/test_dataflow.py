@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
-from replaylint.lint.settings import Settings
 
 
 def _check(source: str, *codes: str) -> list[tuple[int, str]]:

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from replaylint.lint import runner, source_io
-from replaylint.lint.context import FileContext, FixDraft, Replace
-from replaylint.lint.result_cache import CACHE_DIRECTORY
+from replaylint.lint.context import FileContext
+from replaylint.lint.fixes.drafts import FixDraft, Replace
+from replaylint.lint.run import files as source_io
+from replaylint.lint.run import one_file as runner
+from replaylint.lint.run.cache import CACHE_DIRECTORY
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

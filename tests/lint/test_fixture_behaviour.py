@@ -27,7 +27,7 @@ pytest.importorskip("numpy")
 
 from fixture_support import FIXTURES, linter_for, output_of  # noqa: E402
 
-from replaylint.lint.gate_caches import GateCacheNames  # noqa: E402
+from replaylint.lint.gatecache.names import GateCacheNames  # noqa: E402
 
 Builder = Callable[..., dict[str, Any]]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fixture_support import FIXTURES, expectations, linter_for, output_of
 
-from replaylint.lint.findings import Applicability
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.registry import ALL_RULES
 
 pytestmark = pytest.mark.skipif(not FIXTURES, reason="no fixture files found")
 

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from replaylint.cli import main
 from replaylint.lint.engine import Linter
-from replaylint.lint.findings import Finding
+from replaylint.lint.model import Finding
 
 # hypothesmith compiles what it generates; `1()` and friends are valid but warned about.
 pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from replaylint.lint.rule_docs import expected_files, rule_markdown
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.rules.docs import expected_files, rule_markdown
+from replaylint.lint.rules.registry import ALL_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("path", sorted(expected_files(ROOT)), ids=lambda p: p.name)
 def test_generated_file_is_current(path: Path) -> None:
     expected = expected_files(ROOT)[path]
-    assert path.exists(), f"{path} is missing: run `python -m replaylint.lint.rule_docs`"
+    assert path.exists(), f"{path} is missing: run `python -m replaylint.lint.rules.docs`"
     assert path.read_text(encoding="utf-8") == expected, (
-        f"{path.relative_to(ROOT)} is stale: run `python -m replaylint.lint.rule_docs`"
+        f"{path.relative_to(ROOT)} is stale: run `python -m replaylint.lint.rules.docs`"
     )
 
 

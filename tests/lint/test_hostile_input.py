@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from replaylint.lint.parse_limits import (
+from replaylint.lint.run.cache import CACHE_DIRECTORY
+from replaylint.lint.syntax.limits import (
     MAX_BRACKET_DEPTH,
     MAX_EXPRESSION_DEPTH,
     MAX_SOURCE_CHARS,
     ParseLimitError,
     check_parse_limits,
 )
-from replaylint.lint.result_cache import CACHE_DIRECTORY
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from replaylint.cli import main
-from replaylint.lint import batch, needle_search
+from replaylint.lint.gatecache import grep as needle_search
+from replaylint.lint.run import batch
 
 POOL = textwrap.dedent(
     """

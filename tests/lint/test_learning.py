@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from replaylint.cli import main
+from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
-from replaylint.lint.gate_caches import GateCacheNames
-from replaylint.lint.learning import TOO_GENERIC_TO_LEARN, learn_gate_cache_names
-from replaylint.lint.settings import DEFAULT_ENTRY_POINTS, EntryPoint, Settings
+from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS, EntryPoint
+from replaylint.lint.gatecache.learning import TOO_GENERIC_TO_LEARN, learn_gate_cache_names
+from replaylint.lint.gatecache.names import GateCacheNames
 
 POOL = textwrap.dedent(
     """

@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.findings import Applicability, Edit, Finding, Fix, Location
-from replaylint.lint.reporters import RENDERERS
-from replaylint.lint.reporters.github import render_github
-from replaylint.lint.runner import FileReport
+from replaylint.lint.model import Applicability, Edit, FileReport, Finding, Fix, Location
+from replaylint.lint.report import RENDERERS
+from replaylint.lint.report.github import render_github
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

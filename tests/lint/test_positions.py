@@ -14,8 +14,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from replaylint.lint.positions import NodePositions
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.rules.registry import ALL_RULES
+from replaylint.lint.syntax.positions import NodePositions
 
 ROOT = Path(__file__).resolve().parents[2]
 

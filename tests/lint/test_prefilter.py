@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from replaylint.lint.engine import Linter, SourceError
-from replaylint.lint.findings import Finding
-from replaylint.lint.gate_caches import GateCacheNames, LearnedFrom
-from replaylint.lint.prefilter import Relevance
-from replaylint.lint.rules import ALL_RULES
-from replaylint.lint.settings import DEFAULT_ENTRY_POINTS, EntryPoint, Settings
+from replaylint.lint.config.settings import Settings
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS, EntryPoint
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.prefilter import Relevance
+from replaylint.lint.model import Finding, SourceError
+from replaylint.lint.rules.registry import ALL_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +142,7 @@ _TREE_FILES: dict[str, bytes] = {
 def test_tree_search_matches_the_python_first_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grep: bool
 ) -> None:
-    from replaylint.lint import needle_search
+    from replaylint.lint.gatecache import grep as needle_search
 
     if not grep:
         monkeypatch.setattr(needle_search.shutil, "which", lambda name: None)
@@ -166,7 +167,7 @@ def test_tree_search_matches_the_python_first_stage(
 
 
 def test_tree_search_splits_long_command_lines(tmp_path: Path) -> None:
-    from replaylint.lint import needle_search
+    from replaylint.lint.gatecache import grep as needle_search
 
     names = [f"{'x' * 200}{number}.py" for number in range(1200)]  # about 240 kB of arguments
     for number, name in enumerate(names):

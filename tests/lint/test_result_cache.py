@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from replaylint.lint import result_cache
-from replaylint.lint.result_cache import CACHE_DIRECTORY
+from replaylint.lint.run import cache as result_cache
+from replaylint.lint.run.cache import CACHE_DIRECTORY
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 BUGGY = "import torch\ng_cache = torch.zeros(4, dtype=torch.bfloat16)\n"
@@ -34,7 +34,7 @@ def _entries(project: Path) -> dict[str, list[object]]:
 @pytest.fixture
 def analysed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the files the engine really analyses during a test."""
-    from replaylint.lint import runner
+    from replaylint.lint.run import one_file as runner
 
     seen: list[str] = []
     original = runner.lint_text

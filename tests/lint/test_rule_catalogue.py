@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replaylint.lint.rule_catalogue import RULE_NAMES, rule_url
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.rules.catalogue import RULE_NAMES, rule_url
+from replaylint.lint.rules.registry import ALL_RULES
 
 
 def test_catalogue_lists_every_rule_in_order() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
-from replaylint.lint.rule import Invalid, Rule, Valid
-from replaylint.lint.rules import ALL_RULES
-from replaylint.lint.settings import Settings
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.registry import ALL_RULES
 
 
 def _cases(kind: str) -> list[pytest.param]:

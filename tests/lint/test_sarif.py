@@ -17,7 +17,7 @@ import pytest
 
 from replaylint import __version__
 from replaylint.lint.context import FileContext
-from replaylint.lint.rules import ALL_RULES
+from replaylint.lint.rules.registry import ALL_RULES
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 

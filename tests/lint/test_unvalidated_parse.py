@@ -8,8 +8,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from replaylint.lint import unvalidated_parse
-from replaylint.lint.unvalidated_parse import parse_module
+from replaylint.lint.syntax import unvalidated as unvalidated_parse
+from replaylint.lint.syntax.unvalidated import parse_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from replaylint.lint.analysis import GateCacheBinding
-from replaylint.lint.findings import Applicability
-from replaylint.lint.provenance import Kind
-from replaylint.lint.rule import Invalid, Valid
-from replaylint.lint.rules._flow import WHY, FlowRule, describe_dtype, through
+from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY, describe_dtype, through
 
 
-class NonLiteralDtype(FlowRule):
-    CODE = "RL002"
-    NAME = "non-literal-dtype"
+class NonLiteralDtype(Rule):
     SUMMARY = "A gate cache is allocated with a dtype that is not provably float32."
     RATIONALE = """\
 The gate cache stores per-step log-decays; the ReplaySSM kernel sums them and exponentiates the
@@ -204,7 +202,7 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                 continue
             source = describe_dtype(self.context, fact.node, fact.dtypes)
             fix = self.fix_for(
-                binding, fact, fact.rewrite, "Allocate it as {float32}", Applicability.SAFE
+                binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
             self.report(
                 fact.node,

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from replaylint.lint.analysis import GateCacheBinding
-from replaylint.lint.findings import Applicability
-from replaylint.lint.provenance import Kind
-from replaylint.lint.rule import Invalid, Valid
-from replaylint.lint.rules._flow import WHY, FlowRule, through
+from replaylint.lint.dataflow.facts import CastValue, Kind
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY, through
 
 
-class InheritedDtype(FlowRule):
-    CODE = "RL003"
-    NAME = "inherited-dtype"
+class InheritedDtype(Rule):
     SUMMARY = (
         "A gate cache is allocated without a dtype, so it inherits torch's default dtype or "
         "another tensor's."
@@ -177,11 +175,11 @@ time.
             if fact.kind is not Kind.INHERITED:
                 continue
             subject = self.subject(binding)
-            if fact.rewrite is not None and fact.rewrite.style == "append":
+            if isinstance(fact.target, CastValue):
                 message = f"{subject} is {fact.detail}, which is not known to be float32"
                 action = "Cast the copy with .to({float32})"
             else:
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"
                 action = "Allocate it with dtype={float32}"
-            fix = self.fix_for(binding, fact, fact.rewrite, action, Applicability.SAFE)
+            fix = self.fix_for(binding, fact, fact.target, action, Applicability.SAFE)
             self.report(fact.node, f"{message}{through(self.context, fact)}; {WHY}", fix=fix)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from replaylint.lint.analysis import GateCacheBinding
-from replaylint.lint.findings import Applicability
-from replaylint.lint.provenance import Kind, Rewrite
-from replaylint.lint.rule import Invalid, Valid
-from replaylint.lint.rules._flow import WHY, FlowRule, through
+from replaylint.lint.dataflow.facts import CastValue, Kind
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY, through
 
 
-class UncastLoad(FlowRule):
-    CODE = "RL005"
-    NAME = "uncast-load"
+class UncastLoad(Rule):
     SUMMARY = "A gate cache is loaded or restored from a checkpoint without a cast to float32."
     RATIONALE = """\
 A loaded tensor has the dtype it was saved with. Snapshots of ReplaySSM state (preemption, prefix
@@ -174,7 +172,7 @@ loaded value — device, shape, layout — changes.
                 fix=self.fix_for(
                     binding,
                     fact,
-                    Rewrite(fact.node, "append"),
+                    CastValue(fact.node),
                     "Cast it with .to({float32})",
                     Applicability.SAFE,
                 ),

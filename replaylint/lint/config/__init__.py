@@ -1,0 +1,1 @@
+"""Settings of a run and where they come from: ``[tool.replaylint]`` or ``replaylint.toml``."""

@@ -1,0 +1,216 @@
+"""Casts: what ``x.to(...)`` and ``x.type(...)`` make of a tensor's dtype.
+
+``.to`` takes a dtype, a device, another tensor or a mix, positionally or by keyword; which one an
+argument is (:func:`to_argument_role`) is read from literals, names, annotations and local
+bindings. ``.type`` also takes legacy tensor type names (``torch.cuda.HalfTensor``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype
+from replaylint.lint.dataflow.facts import (
+    DeviceOfOther,
+    DtypeFact,
+    FloatTensorType,
+    Kind,
+    SetDtype,
+    TensorFact,
+    definite_dtype,
+)
+from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.strings import NO_ENV, Env
+from replaylint.lint.dataflow.torch_api import (
+    DEVICE_ANNOTATIONS,
+    DTYPE_ANNOTATIONS,
+    FLOAT32_TENSOR_TYPE,
+    TENSOR_ANNOTATIONS,
+    TENSOR_TYPE_DTYPES,
+)
+from replaylint.lint.syntax.nodes import (
+    binding_name,
+    keyword_arg,
+    literal_string,
+    one_line,
+    positional_args,
+)
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def to_facts(
+    prov: Provenance, call: cst.Call, receiver: cst.BaseExpression, site: Site, env: Env
+) -> Iterator[TensorFact]:
+    dtype_arg = keyword_arg(call, "dtype")
+    positional = positional_args(call)
+    dtype_expr: cst.BaseExpression | None = dtype_arg.value if dtype_arg is not None else None
+    other: cst.BaseExpression | None = None
+    if dtype_expr is None and positional:
+        first = positional[0].value
+        role = to_argument_role(prov, first, site, env)
+        if role == "dtype":
+            dtype_expr = first
+        elif role == "tensor":
+            other = first
+        elif role == "device" and len(positional) > 1:
+            second = positional[1].value
+            if to_argument_role(prov, second, site, env) == "dtype":
+                dtype_expr = second
+        elif role == "unknown":
+            yield TensorFact(Kind.UNKNOWN, call)
+            return
+    if dtype_expr is not None:
+        facts = prov.dtype_facts(dtype_expr, site, env)
+        if all(f.is_float32 for f in facts):
+            yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+        else:
+            yield TensorFact(
+                Kind.CAST,
+                dtype_expr,
+                call=call,
+                dtypes=facts,
+                detail=f"`.to({one_line(prov.index.module, dtype_expr)})`",
+                target=SetDtype(dtype_expr),
+            )
+        return
+    if other is not None:
+        other_facts = prov.tensor_facts(other, site, env)
+        if prov.all_float32(other_facts):
+            yield TensorFact(Kind.FLOAT32, call)
+            return
+        literal = [definite_dtype(f) for f in other_facts]
+        dtypes = tuple(DtypeFact(d, other) for d in literal)
+        yield TensorFact(
+            Kind.CAST,
+            other,
+            call=call,
+            dtypes=dtypes,
+            detail=f"`.to({one_line(prov.index.module, other)})`, which takes that tensor's dtype",
+            target=DeviceOfOther(positional[0]),
+        )
+        return
+    # Only a device (or nothing that changes the dtype): the receiver's dtype.
+    yield from prov.tensor_facts(receiver, site, env)
+
+
+def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterator[TensorFact]:
+    args = positional_args(call)
+    dtype_arg = keyword_arg(call, "dtype")
+    target = dtype_arg.value if dtype_arg is not None else (args[0].value if args else None)
+    if target is None:
+        yield TensorFact(Kind.UNKNOWN, call)  # x.type() returns a string
+        return
+    if isinstance(target, cst.Attribute) and target.attr.value.endswith("Tensor"):
+        # x.type(torch.cuda.HalfTensor): a tensor type object, not a dtype
+        tensor_type = target.attr.value
+        if tensor_type == FLOAT32_TENSOR_TYPE:
+            yield TensorFact(Kind.FLOAT32, call)
+            return
+        yield TensorFact(
+            Kind.CAST,
+            target.attr,
+            call=call,
+            dtypes=(DtypeFact(TENSOR_TYPE_DTYPES.get(tensor_type), target),),
+            detail=f"`.type({one_line(prov.index.module, target)})`",
+            target=FloatTensorType(target.attr, FLOAT32_TENSOR_TYPE),
+        )
+        return
+    name = literal_string(target)
+    if name is not None:
+        if name.endswith(("FloatTensor", "float32")):
+            yield TensorFact(Kind.FLOAT32, call)
+            return
+        replacement = _float_tensor_type(name)
+        yield TensorFact(
+            Kind.CAST,
+            target,
+            call=call,
+            dtypes=(DtypeFact(TENSOR_TYPE_DTYPES.get(name.rpartition(".")[2]), target),),
+            detail=f"`.type({name!r})`",
+            target=None if replacement is None else FloatTensorType(target, replacement),
+        )
+        return
+    facts = prov.dtype_facts(target, site, env)
+    if all(f.is_float32 for f in facts):
+        yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+        return
+    yield TensorFact(
+        Kind.CAST,
+        target,
+        call=call,
+        dtypes=facts,
+        detail=f"`.type({one_line(prov.index.module, target)})`",
+        target=SetDtype(target),
+    )
+
+
+def to_argument_role(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
+) -> str:
+    """What the first argument of ``x.to(arg)`` is: dtype, device, tensor or unknown."""
+    if literal_dtype(prov.index, expr) is not None:
+        return "dtype"
+    if isinstance(expr, (cst.SimpleString, cst.FormattedString, cst.Integer)):
+        return "device"
+    if isinstance(expr, cst.Call):
+        names = prov.index.qualified_names(expr.func)
+        if "torch.device" in names:
+            return "device"
+        if as_allocation(prov.index, expr) is not None:
+            return "tensor"
+        return "unknown"
+    name = binding_name(expr)
+    if name is not None:
+        lowered = name.lower()
+        if "dtype" in lowered:
+            return "dtype"
+        if "device" in lowered or lowered in {"dev", "cuda", "cpu", "place"}:
+            return "device"
+        if prov.index.gate_caches.matches(name):
+            return "tensor"
+    if isinstance(expr, cst.Name):
+        found = prov.lookup(expr.value, site, env) or []
+        for binding, binding_site in found:
+            if binding.kind == "param":
+                return _annotation_role(prov.index, binding.node)
+            if binding.kind == "assign" and binding.value is not None and prov.enter():
+                try:
+                    role = to_argument_role(prov, binding.value, binding_site, env)
+                finally:
+                    prov.leave()
+                if role != "unknown":
+                    return role
+        return "unknown"
+    return "unknown"
+
+
+def _annotation_role(index: ModuleIndex, node: cst.CSTNode) -> str:
+    if not isinstance(node, cst.Param) or node.annotation is None:
+        return "unknown"
+    annotation = node.annotation.annotation
+    spellings = {index.module.code_for_node(annotation).strip()}
+    if isinstance(annotation, cst.BinaryOperation):  # torch.device | str
+        spellings = {
+            index.module.code_for_node(part).strip() for part in (annotation.left, annotation.right)
+        }
+    if spellings <= DEVICE_ANNOTATIONS:
+        return "device"
+    if spellings & DTYPE_ANNOTATIONS:
+        return "dtype"
+    if spellings & TENSOR_ANNOTATIONS:
+        return "tensor"
+    return "unknown"
+
+
+def _float_tensor_type(name: str) -> str | None:
+    """``"torch.cuda.HalfTensor"`` -> ``"torch.cuda.FloatTensor"``."""
+    head, dot, tail = name.rpartition(".")
+    if tail.endswith("Tensor") and head.startswith("torch"):
+        return f"{head}{dot}FloatTensor"
+    return None

@@ -1,0 +1,145 @@
+"""Loads: tensors read from a checkpoint or a file, and numpy arrays that came from one.
+
+A tensor read from disk has the dtype it was saved in, whatever the model runs in now: a gate
+cache restored from a bf16 snapshot is bf16 unless it is cast on the way in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.allocations import literal_dtype, method_receiver
+from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.strings import NO_ENV, Env
+from replaylint.lint.dataflow.torch_api import (
+    CHECKPOINT_SUFFIXES,
+    FLOAT32,
+    NUMPY_FLOAT32_NAMES,
+    NUMPY_FLOAT32_STRINGS,
+    NUMPY_LOADERS,
+    NUMPY_ORIGIN_PRESERVING_METHODS,
+    TORCH_LOADERS,
+)
+from replaylint.lint.syntax.nodes import (
+    keyword_arg,
+    literal_string,
+    method_name,
+    one_line,
+    positional_args,
+)
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def from_numpy_facts(
+    prov: Provenance, call: cst.Call, site: Site, env: Env
+) -> Iterator[TensorFact]:
+    args = positional_args(call)
+    if not args:
+        yield TensorFact(Kind.UNKNOWN, call)
+        return
+    array = args[0].value
+    numpy = _numpy_origin(prov, array, site, env)
+    if numpy == "float32":
+        yield TensorFact(Kind.FLOAT32, call)
+    elif numpy == "loaded":
+        yield TensorFact(Kind.LOADED, call, call=call, detail="a numpy array read from a file")
+    else:
+        yield TensorFact(Kind.UNKNOWN, call)
+
+
+def _numpy_origin(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> str | None:
+    if isinstance(expr, cst.Subscript):
+        return _numpy_origin(prov, expr.value, site, env)
+    if isinstance(expr, cst.Call):
+        names = prov.index.qualified_names(expr.func)
+        if names & NUMPY_LOADERS:
+            dtype = keyword_arg(expr, "dtype")
+            if dtype is not None and _numpy_float32(prov, dtype.value):
+                return "float32"
+            return "loaded"
+        method = method_name(expr)
+        if method == "astype" and expr.args:
+            return "float32" if _numpy_float32(prov, expr.args[0].value) else None
+        receiver = method_receiver(prov.index, expr)
+        if method in NUMPY_ORIGIN_PRESERVING_METHODS and receiver is not None:
+            return _numpy_origin(prov, receiver, site, env)
+        return None
+    if isinstance(expr, cst.Name) and prov.enter():
+        try:
+            found = prov.lookup(expr.value, site, env) or []
+            origins = {
+                _numpy_origin(prov, b.value, s, env)
+                for b, s in found
+                if b.kind == "assign" and b.value is not None
+            }
+            if "loaded" in origins:
+                return "loaded"
+            if origins == {"float32"}:
+                return "float32"
+        finally:
+            prov.leave()
+    return None
+
+
+def _numpy_float32(prov: Provenance, expr: cst.BaseExpression) -> bool:
+    if literal_string(expr) in NUMPY_FLOAT32_STRINGS:
+        return True
+    return (
+        bool(NUMPY_FLOAT32_NAMES & prov.index.qualified_names(expr))
+        or literal_dtype(prov.index, expr) == FLOAT32
+    )
+
+
+def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV) -> bool:
+    """Whether ``expr`` is (part of) a checkpoint read from disk."""
+    if isinstance(expr, cst.Call):
+        names = prov.index.qualified_names(expr.func)
+        if names & (TORCH_LOADERS | NUMPY_LOADERS):
+            return True
+        method = method_name(expr)
+        receiver = method_receiver(prov.index, expr)
+        if method in {"get", "pop"} and receiver is not None:
+            return is_loaded(prov, receiver, site, env)
+        return False
+    if isinstance(expr, cst.Subscript):
+        return is_loaded(prov, expr.value, site, env)
+    if isinstance(expr, cst.Attribute):
+        return checkpoint_name(expr.attr.value)
+    if isinstance(expr, cst.Name):
+        if not prov.enter():
+            return False
+        try:
+            found = prov.lookup(expr.value, site, env)
+            if not found:
+                return checkpoint_name(expr.value)
+            for binding, binding_site in found:
+                if binding.kind == "param" and checkpoint_name(binding.name):
+                    return True
+                if binding.value is not None and is_loaded(prov, binding.value, binding_site, env):
+                    return True
+            return False
+        finally:
+            prov.leave()
+    return False
+
+
+def checkpoint_name(name: str) -> bool:
+    lowered = name.lower().lstrip("_")
+    return lowered.endswith(CHECKPOINT_SUFFIXES)
+
+
+def loader_name(names: set[str]) -> str:
+    for name in sorted(names & TORCH_LOADERS):
+        return f"`{name}(...)`"
+    return "a checkpoint"
+
+
+def describe_load(index: ModuleIndex, container: cst.BaseExpression) -> str:
+    return f"`{one_line(index.module, container)}` (a checkpoint)"

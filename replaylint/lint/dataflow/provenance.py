@@ -1,0 +1,510 @@
+"""What dtype an expression provably has, and which line made it so.
+
+Two questions, asked at a :class:`~replaylint.lint.scopes.Site`:
+
+* :meth:`Provenance.dtype_facts` — for an expression used as a dtype (``dtype=ring_dtype``): the
+  literal dtypes it may be, or that it is not known, following local bindings
+  (``ring_dtype = torch.bfloat16``), conditionals and ``x.dtype`` of tensors whose dtype is known.
+* :meth:`Provenance.tensor_facts` — for an expression whose value is a tensor: how its dtype was
+  decided. Each :class:`TensorFact` is one way it may have been made (a conditional gives two):
+  allocated with a literal dtype (``EXPLICIT``) or a non-literal one (``VARIABLE``), allocated
+  without a dtype so it inherits one (``INHERITED``), cast (``CAST``), loaded from a checkpoint
+  (``LOADED``), provably float32, or unknown.
+
+Tensors named like gate caches that are not bound in the function (parameters, attributes such as
+``self.g_cache``, ``caches["g_cache"]``) count as float32: each is checked where it is bound, so a
+copy or ``zeros_like`` of one is not reported a second time.
+
+This module holds the core — lookups, dtype expressions, allocations, the dispatch over expression
+forms; casts (:mod:`.casts`), loads (:mod:`.loads`) and statically known strings and loops
+(:mod:`.strings`) have modules of their own. Every torch name it knows is in :mod:`.torch_api`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+
+from replaylint.lint.dataflow import casts, loads, strings
+from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, method_receiver
+from replaylint.lint.dataflow.facts import (
+    AddDtypeArgument,
+    Allocation,
+    CastMethodToFloat,
+    CastValue,
+    DtypeFact,
+    Float32Target,
+    Kind,
+    OverrideKwargsDtype,
+    SetDtype,
+    TensorFact,
+    definite_dtype,
+)
+from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
+from replaylint.lint.dataflow.strings import NO_ENV, Env
+from replaylint.lint.dataflow.torch_api import (
+    CAST_METHODS,
+    DTYPE_PRESERVING_ATTRIBUTES,
+    DTYPE_PRESERVING_METHODS,
+    DTYPE_PRESERVING_WRAPPERS,
+    FLOAT32,
+    TORCH_LOADERS,
+)
+from replaylint.lint.syntax.nodes import (
+    keyword_arg,
+    literal_string,
+    method_name,
+    one_line,
+    positional_args,
+    string_key,
+)
+from replaylint.lint.syntax.sites import Site
+
+__all__ = ["Env", "Provenance"]
+
+_MAX_DEPTH = 12
+
+
+@dataclass
+class Provenance:
+    """Answers dtype questions about the expressions of one module."""
+
+    index: ModuleIndex
+    _depth: int = field(default=0)
+    _memo: dict[tuple[int, int, tuple[tuple[str, str], ...]], tuple[TensorFact, ...]] = field(
+        default_factory=dict
+    )
+
+    # ------------------------------------------------------------------ strings and loops
+    def string_value(self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV) -> str | None:
+        """The string ``expr`` provably holds (literals, loop variables, f-strings, constants)."""
+        return strings.string_value(self, expr, site, env)
+
+    def condition(self, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
+        """The value of a condition on loop-variable strings, when it is decided by ``env``."""
+        return strings.condition(self, test, site, env)
+
+    def iterations(
+        self, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
+    ) -> list[dict[str, str]] | None:
+        """Per iteration of ``for <target> in <iterable>``, the loop variables' known strings."""
+        return strings.iterations(self, target, iterable, site)
+
+    def is_loaded(self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV) -> bool:
+        """Whether ``expr`` is (part of) a checkpoint read from disk."""
+        return loads.is_loaded(self, expr, site, env)
+
+    def lookup(self, name: str, site: Site, env: Env = NO_ENV) -> list[tuple[Binding, Site]] | None:
+        """Bindings of ``name`` that may reach ``site``, each with the site of its statement."""
+        guard = self._guard_evaluator(site, env)
+        scopes = site.scopes
+        found = self.index.scope(scopes[-1]).reaching(name, site.statement, guard)
+        if found is not None:
+            return [(b, Site(scopes, b.statement)) for b in found]
+        for index in range(len(scopes) - 2, -1, -1):
+            outer = scopes[index]
+            if isinstance(outer, cst.ClassDef):
+                continue  # class bodies are not visible from their methods
+            found = self.index.scope(outer).reaching(name, None, guard)
+            if found is not None:
+                return [(b, Site(scopes[: index + 1], b.statement)) for b in found]
+        return None
+
+    def _guard_evaluator(self, site: Site, env: Env) -> GuardEvaluator | None:
+        if not env:
+            return None
+
+        def evaluate(test: cst.BaseExpression) -> bool | None:
+            return strings.condition(self, test, site, env)
+
+        return evaluate
+
+    def dtype_facts(
+        self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
+    ) -> tuple[DtypeFact, ...]:
+        """The dtypes ``expr`` may denote (one unknown fact when it cannot be decided)."""
+        literal = literal_dtype(self.index, expr)
+        if literal is not None:
+            return (DtypeFact(literal, expr),)
+        if not self.enter():
+            return (DtypeFact(None, expr),)
+        try:
+            return self._dtype_facts(expr, site, env)
+        finally:
+            self.leave()
+
+    def _dtype_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> tuple[DtypeFact, ...]:
+        if isinstance(expr, cst.IfExp):
+            decided = strings.condition(self, expr.test, site, env)
+            if decided is True:
+                return self.dtype_facts(expr.body, site, env)
+            if decided is False:
+                return self.dtype_facts(expr.orelse, site, env)
+            return self.dtype_facts(expr.body, site, env) + self.dtype_facts(expr.orelse, site, env)
+        if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
+            # `dtype or self.dtype`: either operand
+            return self.dtype_facts(expr.left, site, env) + self.dtype_facts(expr.right, site, env)
+        if isinstance(expr, cst.Name) and expr.value not in env:
+            found = self.lookup(expr.value, site, env)
+            if not found:
+                return (DtypeFact(None, expr),)
+            facts: list[DtypeFact] = []
+            for binding, binding_site in found:
+                if binding.kind == "param":
+                    facts.append(DtypeFact(None, expr, binding, parameter=binding.name))
+                elif binding.kind == "assign" and binding.value is not None:
+                    for fact in self.dtype_facts(binding.value, binding_site, env):
+                        facts.append(DtypeFact(fact.dtype, fact.node, binding, fact.parameter))
+                else:
+                    facts.append(DtypeFact(None, expr, binding))
+            return tuple(facts)
+        if isinstance(expr, cst.Attribute) and expr.attr.value == "dtype":
+            tensor = self.tensor_facts(expr.value, site, env)
+            dtypes = [definite_dtype(fact) for fact in tensor]
+            if tensor and all(d is not None for d in dtypes):
+                return tuple(DtypeFact(d, expr) for d in dtypes)
+            return (DtypeFact(None, expr),)
+        if isinstance(expr, cst.Subscript):
+            mapping, mapping_site = self._dict_literal(expr.value, site, env)
+            if mapping is not None:
+                entry = self._dict_entry(mapping, expr, site, env)
+                if entry is not None:
+                    return self.dtype_facts(entry, mapping_site, env)
+        return (DtypeFact(None, expr),)
+
+    def _dict_literal(
+        self, expr: cst.BaseExpression, site: Site, env: Env
+    ) -> tuple[cst.Dict | None, Site]:
+        """A dict literal, directly or through a local or module constant bound once."""
+        if isinstance(expr, cst.Dict):
+            return expr, site
+        if isinstance(expr, cst.Name):
+            found = self.lookup(expr.value, site, env)
+            if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):
+                return found[0][0].value, found[0][1]
+        return None, site
+
+    def _dict_entry(
+        self, mapping: cst.Dict, subscript: cst.Subscript, site: Site, env: Env
+    ) -> cst.BaseExpression | None:
+        """``{"g_cache": torch.float32, ...}[name]`` with ``name`` known from ``env``."""
+        if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+            return None
+        key = strings.string_value(self, subscript.slice[0].slice.value, site, env)
+        if key is None:
+            return None
+        for element in mapping.elements:
+            if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
+                return element.value
+        return None
+
+    def tensor_facts(
+        self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
+    ) -> tuple[TensorFact, ...]:
+        """How ``expr``'s dtype was decided, one fact per way it may have been made."""
+        key = (id(expr), id(site.statement), tuple(sorted(env.items())))
+        if self._depth == 0 and key in self._memo:
+            return self._memo[key]
+        if not self.enter():
+            return (TensorFact(Kind.UNKNOWN, expr),)
+        try:
+            facts = tuple(self._tensor_facts(expr, site, env))
+        finally:
+            self.leave()
+        if self._depth == 0:
+            self._memo[key] = facts
+        return facts
+
+    def _tensor_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> Iterator[TensorFact]:
+        if isinstance(expr, cst.IfExp):
+            decided = strings.condition(self, expr.test, site, env)
+            if decided is not False:
+                yield from self.tensor_facts(expr.body, site, env)
+            if decided is not True:
+                yield from self.tensor_facts(expr.orelse, site, env)
+            return
+        if isinstance(expr, cst.Name):
+            if expr.value == "None":
+                return
+            yield from self._name_facts(expr, site, env)
+            return
+        if isinstance(expr, cst.Attribute):
+            if expr.attr.value in DTYPE_PRESERVING_ATTRIBUTES:
+                yield from self.tensor_facts(expr.value, site, env)
+            elif self.index.gate_caches.matches(expr.attr.value):
+                yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
+            else:
+                yield TensorFact(Kind.UNKNOWN, expr)
+            return
+        if isinstance(expr, cst.Subscript):
+            yield from self._subscript_facts(expr, site, env)
+            return
+        if isinstance(expr, cst.Call):
+            yield from self._call_facts(expr, site, env)
+            return
+        # Per-layer rings: `g_caches = [torch.zeros(...) for _ in range(layers)]`.
+        if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+            yield from self.tensor_facts(expr.elt, site, env)
+            return
+        if isinstance(expr, cst.DictComp):
+            yield from self.tensor_facts(expr.value, site, env)
+            return
+        if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements:
+            for element in expr.elements:
+                if not isinstance(element, cst.StarredElement):
+                    yield from self.tensor_facts(element.value, site, env)
+            return
+        yield TensorFact(Kind.UNKNOWN, expr)
+
+    def _name_facts(self, expr: cst.Name, site: Site, env: Env) -> Iterator[TensorFact]:
+        found = self.lookup(expr.value, site, env)
+        assigned = [
+            (b, s) for b, s in (found or ()) if b.kind in {"assign", "with"} and b.value is not None
+        ]
+        if found and len(assigned) == len(found):
+            for binding, binding_site in assigned:
+                assert binding.value is not None
+                for fact in self.tensor_facts(binding.value, binding_site, env):
+                    yield fact.followed(binding, expr)
+            return
+        if self.index.gate_caches.matches(expr.value):
+            yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
+            return
+        for binding, binding_site in assigned:
+            assert binding.value is not None
+            for fact in self.tensor_facts(binding.value, binding_site, env):
+                yield fact.followed(binding, expr)
+        yield TensorFact(Kind.UNKNOWN, expr)
+
+    def _subscript_facts(self, expr: cst.Subscript, site: Site, env: Env) -> Iterator[TensorFact]:
+        key = self._subscript_key(expr, site, env)
+        if loads.is_loaded(self, expr.value, site, env):
+            yield TensorFact(Kind.LOADED, expr, detail=loads.describe_load(self.index, expr.value))
+            return
+        if key is not None:
+            if self.index.gate_caches.matches(key):
+                yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
+            else:
+                yield TensorFact(Kind.UNKNOWN, expr)
+            return
+        # Indexing or slicing a tensor keeps its dtype.
+        yield from self.tensor_facts(expr.value, site, env)
+
+    def _subscript_key(self, expr: cst.Subscript, site: Site, env: Env) -> str | None:
+        key = string_key(expr)
+        if key is not None or len(expr.slice) != 1:
+            return key
+        index = expr.slice[0].slice
+        if isinstance(index, cst.Index) and env:
+            return strings.string_value(self, index.value, site, env)
+        return None
+
+    def _call_facts(self, call: cst.Call, site: Site, env: Env) -> Iterator[TensorFact]:
+        names = self.index.qualified_names(call.func)
+        if names & DTYPE_PRESERVING_WRAPPERS:
+            positional = positional_args(call)
+            data = positional[0] if positional else keyword_arg(call, "data")
+            if data is not None:
+                yield from self.tensor_facts(data.value, site, env)
+                return
+        if names & TORCH_LOADERS:
+            yield TensorFact(Kind.LOADED, call, call=call, detail=loads.loader_name(names))
+            return
+        if "torch.from_numpy" in names:
+            yield from loads.from_numpy_facts(self, call, site, env)
+            return
+        if "getattr" in names or (isinstance(call.func, cst.Name) and call.func.value == "getattr"):
+            args = positional_args(call)
+            if len(args) >= 2:
+                attribute = strings.string_value(self, args[1].value, site, env)
+                if attribute is not None and self.index.gate_caches.matches(attribute):
+                    yield TensorFact(Kind.FLOAT32, call, detail="a gate cache")
+                    return
+            yield TensorFact(Kind.UNKNOWN, call)
+            return
+        allocation = as_allocation(self.index, call)
+        if allocation is not None:
+            yield from self._allocation_facts(allocation, site, env)
+            return
+        method = method_name(call)
+        receiver = method_receiver(self.index, call)
+        if method is None or receiver is None:
+            yield TensorFact(Kind.UNKNOWN, call)
+            return
+        if method in CAST_METHODS:
+            dtype = CAST_METHODS[method]
+            assert isinstance(call.func, cst.Attribute)
+            if dtype == FLOAT32:
+                yield TensorFact(Kind.FLOAT32, call, detail="`.float()`")
+            else:
+                yield TensorFact(
+                    Kind.CAST,
+                    call.func.attr,
+                    call=call,
+                    dtypes=(DtypeFact(dtype, call.func.attr),),
+                    detail=f"`.{method}()`",
+                    target=CastMethodToFloat(call.func.attr),
+                )
+            return
+        if method == "to":
+            yield from casts.to_facts(self, call, receiver, site, env)
+            return
+        if method == "type":
+            yield from casts.type_facts(self, call, site, env)
+            return
+        if method == "type_as":
+            args = positional_args(call)
+            if args and self.all_float32(self.tensor_facts(args[0].value, site, env)):
+                yield TensorFact(Kind.FLOAT32, call)
+            else:
+                yield TensorFact(Kind.CAST, call, call=call, detail="`.type_as(...)`")
+            return
+        if method == "clone":
+            for fact in self.tensor_facts(receiver, site, env):
+                if fact.kind is Kind.UNKNOWN:
+                    yield TensorFact(
+                        Kind.INHERITED,
+                        call,
+                        call=call,
+                        detail=f"a clone of `{one_line(self.index.module, receiver)}`",
+                        target=CastValue(call),
+                    )
+                else:
+                    yield fact
+            return
+        if method == "get_tensor":
+            yield TensorFact(Kind.LOADED, call, call=call, detail="`get_tensor(...)` (safetensors)")
+            return
+        if method == "get" and positional_args(call):
+            if loads.is_loaded(self, receiver, site, env):
+                detail = loads.describe_load(self.index, receiver)
+                yield TensorFact(Kind.LOADED, call, call=call, detail=detail)
+                return
+            key = strings.string_value(self, positional_args(call)[0].value, site, env)
+            if key is not None and self.index.gate_caches.matches(key):
+                yield TensorFact(Kind.FLOAT32, call, detail="a gate cache")
+                return
+            yield TensorFact(Kind.UNKNOWN, call)
+            return
+        if method in DTYPE_PRESERVING_METHODS:
+            yield from self.tensor_facts(receiver, site, env)
+            return
+        yield TensorFact(Kind.UNKNOWN, call)
+
+    def _allocation_facts(
+        self, allocation: Allocation, site: Site, env: Env
+    ) -> Iterator[TensorFact]:
+        call = allocation.call
+        dtype_arg = allocation.dtype_arg
+        if dtype_arg is not None:
+            yield self._dtype_decided(allocation, dtype_arg.value, site, env, via_kwargs=None)
+            return
+        kwargs = [arg for arg in call.args if arg.star == "**"]
+        if kwargs:
+            resolved = self._kwargs_dtype(kwargs[-1].value, site, env)
+            if resolved is None:
+                yield TensorFact(
+                    Kind.VARIABLE,
+                    kwargs[-1].value,
+                    allocation=allocation,
+                    dtypes=(DtypeFact(None, kwargs[-1].value),),
+                    detail="`**` keyword arguments",
+                )
+                return
+            if isinstance(resolved, cst.BaseExpression):
+                yield self._dtype_decided(allocation, resolved, site, env, kwargs[-1].value)
+                return
+        if allocation.kind == "factory":
+            yield TensorFact(
+                Kind.INHERITED,
+                call,
+                allocation=allocation,
+                call=call,
+                detail="torch's default dtype (model loaders set it to the model dtype)",
+                target=AddDtypeArgument(call),
+            )
+            return
+        if allocation.kind == "like":
+            positional = positional_args(call)
+            source = positional[0].value if positional else None
+        else:  # new_*: the receiver's dtype
+            source = method_receiver(self.index, call)
+        if source is not None and self.all_float32(self.tensor_facts(source, site, env)):
+            yield TensorFact(Kind.FLOAT32, call)
+            return
+        described = (
+            "another tensor" if source is None else f"`{one_line(self.index.module, source)}`"
+        )
+        yield TensorFact(
+            Kind.INHERITED,
+            call,
+            allocation=allocation,
+            call=call,
+            detail=f"the dtype of {described}",
+            target=AddDtypeArgument(call),
+        )
+
+    def _dtype_decided(
+        self,
+        allocation: Allocation,
+        dtype_expr: cst.BaseExpression,
+        site: Site,
+        env: Env,
+        via_kwargs: cst.BaseExpression | None,
+    ) -> TensorFact:
+        facts = self.dtype_facts(dtype_expr, site, env)
+        node: cst.BaseExpression = via_kwargs if via_kwargs is not None else dtype_expr
+        target: Float32Target = (
+            OverrideKwargsDtype(node) if via_kwargs is not None else SetDtype(node)
+        )
+        if all(f.is_float32 for f in facts):
+            return TensorFact(Kind.FLOAT32, node, allocation=allocation, dtypes=facts)
+        kind = (
+            Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
+        )
+        return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+
+    def _kwargs_dtype(
+        self, expr: cst.BaseExpression, site: Site, env: Env
+    ) -> cst.BaseExpression | Literal[False] | None:
+        """The ``dtype`` entry of a ``**kwargs`` dict: the expression, False if absent, None if
+        the dict cannot be read."""
+        mapping: cst.BaseExpression | None = expr
+        if isinstance(expr, cst.Name):
+            found = self.lookup(expr.value, site, env)
+            if not found or len(found) != 1 or found[0][0].kind != "assign":
+                return None
+            mapping = found[0][0].value
+        if isinstance(mapping, cst.Dict):
+            for element in mapping.elements:
+                if not isinstance(element, cst.DictElement):
+                    return None
+                if literal_string(element.key) == "dtype":
+                    return element.value
+            return False
+        if (
+            isinstance(mapping, cst.Call)
+            and isinstance(mapping.func, cst.Name)
+            and mapping.func.value == "dict"
+        ):
+            if any(arg.keyword is None for arg in mapping.args):
+                return None
+            dtype = keyword_arg(mapping, "dtype")
+            return dtype.value if dtype is not None else False
+        return None
+
+    def all_float32(self, facts: Sequence[TensorFact]) -> bool:
+        return bool(facts) and all(f.kind is Kind.FLOAT32 for f in facts)
+
+    def enter(self) -> bool:
+        if self._depth >= _MAX_DEPTH:
+            return False
+        self._depth += 1
+        return True
+
+    def leave(self) -> None:
+        self._depth -= 1

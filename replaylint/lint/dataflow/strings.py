@@ -1,0 +1,251 @@
+"""Strings the analysis can evaluate statically: literals, constants, f-strings, loop names.
+
+``env`` maps loop variables to the string they hold in one iteration (RL006 evaluates the body of
+``for name in ("d_cache", "g_cache")`` once per gate-cache name); conditions on them
+(``torch.float32 if name == "g_cache" else dtype``) are then decided statically, and
+:func:`iterations` lists what each iteration of a loop over a literal collection binds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.syntax.nodes import literal_string, method_name, positional_args
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+Env = Mapping[str, str]
+"""Loop variables and the string each holds in the iteration being evaluated."""
+NO_ENV: Env = {}
+
+
+def string_value(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
+) -> str | None:
+    """The string ``expr`` provably holds (literals, loop variables, f-strings, constants)."""
+    if isinstance(expr, cst.SimpleString):
+        return literal_string(expr)
+    if isinstance(expr, cst.Name):
+        if expr.value in env:
+            return env[expr.value]
+        # Looked up without ``env``: pruning branches by conditions would evaluate more
+        # strings, and a condition on the name itself would never end.
+        found = prov.lookup(expr.value, site)
+        if found and len(found) == 1 and found[0][0].value is not None:
+            binding, binding_site = found[0]
+            if binding.kind == "assign" and prov.enter():
+                try:
+                    assert binding.value is not None
+                    return string_value(prov, binding.value, binding_site, env)
+                finally:
+                    prov.leave()
+        return None
+    if isinstance(expr, cst.FormattedString):
+        parts: list[str] = []
+        for part in expr.parts:
+            if isinstance(part, cst.FormattedStringText):
+                parts.append(part.value)
+            elif isinstance(part, cst.FormattedStringExpression) and (
+                part.format_spec is None and part.conversion is None
+            ):
+                value = string_value(prov, part.expression, site, env)
+                if value is None:
+                    return None
+                parts.append(value)
+            else:
+                return None
+        return "".join(parts)
+    if isinstance(expr, cst.ConcatenatedString):
+        left = string_value(prov, expr.left, site, env)
+        right = string_value(prov, expr.right, site, env)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        left = string_value(prov, expr.left, site, env)
+        right = string_value(prov, expr.right, site, env)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
+    """The value of a condition on loop-variable strings, when it is decided by ``env``."""
+    if not env or not prov.enter():
+        return None
+    try:
+        return _condition(prov, test, site, env)
+    finally:
+        prov.leave()
+
+
+def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = condition(prov, test.expression, site, env)
+        return None if inner is None else not inner
+    if isinstance(test, cst.BooleanOperation):
+        first = condition(prov, test.left, site, env)
+        second = condition(prov, test.right, site, env)
+        if isinstance(test.operator, cst.And):
+            if first is False or second is False:
+                return False
+            return True if first and second else None
+        if first is True or second is True:
+            return True
+        return False if first is False and second is False else None
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        comparison = test.comparisons[0]
+        left = string_value(prov, test.left, site, env)
+        operator = comparison.operator
+        if isinstance(operator, (cst.In, cst.NotIn)):
+            if left is None:
+                return None
+            options = _string_options(prov, comparison.comparator, site, env)
+            if options is None:
+                right = string_value(prov, comparison.comparator, site, env)
+                if right is None:
+                    return None
+                contained = left in right
+            else:
+                contained = left in options
+            return contained if isinstance(operator, cst.In) else not contained
+        right = string_value(prov, comparison.comparator, site, env)
+        if left is None or right is None:
+            return None
+        if isinstance(operator, cst.Equal):
+            return left == right
+        if isinstance(operator, cst.NotEqual):
+            return left != right
+        return None
+    if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute):
+        method = test.func.attr.value
+        args = positional_args(test)
+        if method in {"startswith", "endswith"} and len(args) == 1:
+            subject = string_value(prov, test.func.value, site, env)
+            options = _string_options(prov, args[0].value, site, env)
+            if options is None:
+                single = string_value(prov, args[0].value, site, env)
+                options = None if single is None else (single,)
+            if subject is None or options is None:
+                return None
+            check = subject.startswith if method == "startswith" else subject.endswith
+            return check(tuple(options))
+    return None
+
+
+def _string_options(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
+) -> tuple[str, ...] | None:
+    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+        values = [string_value(prov, e.value, site, env) for e in expr.elements]
+        if any(v is None for v in values):
+            return None
+        return tuple(v for v in values if v is not None)
+    return None
+
+
+def iterations(
+    prov: Provenance, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
+) -> list[dict[str, str]] | None:
+    """For ``for <target> in <iterable>`` over a literal collection (directly, through a
+    constant, ``.items()``, ``zip``, ``enumerate``): per iteration, the loop variables that
+    hold a known string. None when the iterable is not a literal collection."""
+    items = _literal_items(prov, iterable, site, 0)
+    if items is None:
+        return None
+    result: list[dict[str, str]] = []
+    for item, item_site in items:
+        env: dict[str, str] = {}
+        _match(prov, target, item, item_site, env)
+        result.append(env)
+    return result
+
+
+def _literal_items(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    if depth > 4:
+        return None
+    if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):
+        if any(isinstance(e, cst.StarredElement) for e in expr.elements):
+            return None
+        return [(e.value, site) for e in expr.elements]
+    if isinstance(expr, cst.Dict):
+        keys = [e.key for e in expr.elements if isinstance(e, cst.DictElement)]
+        return None if len(keys) != len(expr.elements) else [(k, site) for k in keys]
+    if isinstance(expr, cst.Name):
+        found = prov.lookup(expr.value, site)
+        if not found or len(found) != 1:
+            return None
+        binding, binding_site = found[0]
+        if binding.value is None:
+            return None
+        return _literal_items(prov, binding.value, binding_site, depth + 1)
+    if not isinstance(expr, cst.Call):
+        return None
+    args = positional_args(expr)
+    if isinstance(expr.func, cst.Name) and len(args) == len(expr.args):
+        function = expr.func.value
+        if function in {"list", "tuple"} and len(args) == 1:
+            return _literal_items(prov, args[0].value, site, depth + 1)
+        if function == "enumerate" and len(args) == 1:
+            items = _literal_items(prov, args[0].value, site, depth + 1)
+            if items is None:
+                return None
+            return [
+                (_pair(cst.Integer(str(i)), item), item_site)
+                for i, (item, item_site) in enumerate(items)
+            ]
+        if function == "zip" and args:
+            columns = [_literal_items(prov, a.value, site, depth + 1) for a in args]
+            if any(c is None for c in columns):
+                return None
+            rows = zip(*[c for c in columns if c is not None], strict=False)
+            return [(cst.Tuple([cst.Element(item) for item, _ in row]), site) for row in rows]
+    method = method_name(expr)
+    if method in {"items", "keys", "values"} and not args:
+        assert isinstance(expr.func, cst.Attribute)
+        mapping: cst.BaseExpression | None = expr.func.value
+        mapping_site = site
+        if isinstance(mapping, cst.Name):
+            found = prov.lookup(mapping.value, site)
+            if not found or len(found) != 1:
+                return None
+            mapping, mapping_site = found[0][0].value, found[0][1]
+        if not isinstance(mapping, cst.Dict):
+            return None
+        elements = [e for e in mapping.elements if isinstance(e, cst.DictElement)]
+        if len(elements) != len(mapping.elements):
+            return None
+        if method == "keys":
+            return [(e.key, mapping_site) for e in elements]
+        if method == "values":
+            return [(e.value, mapping_site) for e in elements]
+        return [(_pair(e.key, e.value), mapping_site) for e in elements]
+    return None
+
+
+def _match(
+    prov: Provenance,
+    target: cst.BaseExpression,
+    item: cst.BaseExpression,
+    site: Site,
+    env: dict[str, str],
+) -> None:
+    if isinstance(target, cst.Name):
+        value = string_value(prov, item, site)
+        if value is not None:
+            env[target.value] = value
+    elif (
+        isinstance(target, (cst.Tuple, cst.List))
+        and isinstance(item, (cst.Tuple, cst.List))
+        and len(target.elements) == len(item.elements)
+    ):
+        for sub_target, sub_item in zip(target.elements, item.elements, strict=True):
+            _match(prov, sub_target.value, sub_item.value, site, env)
+
+
+def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:
+    return cst.Tuple([cst.Element(first), cst.Element(second)])

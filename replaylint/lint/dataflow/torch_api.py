@@ -1,0 +1,159 @@
+"""Everything the analysis knows about torch (and numpy, safetensors) APIs, in one place.
+
+Dtype spellings and what they mean (``torch.float`` is float32, ``torch.half`` float16, ...: every
+spelling maps to one canonical name so that rules compare meanings, not text), the factories that
+allocate, the methods that cast or keep a dtype, the loaders that read tensors from disk. Teaching
+the linter a torch function means adding it to one table here.
+"""
+
+from __future__ import annotations
+
+FLOAT32 = "float32"
+
+# attribute of the ``torch`` module -> canonical dtype name
+_TORCH_DTYPE_ALIASES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "complex32": "complex32",
+    "chalf": "complex32",
+    "complex64": "complex64",
+    "cfloat": "complex64",
+    "complex128": "complex128",
+    "cdouble": "complex128",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "int8": "int8",
+    "int16": "int16",
+    "short": "int16",
+    "int32": "int32",
+    "int": "int32",
+    "int64": "int64",
+    "long": "int64",
+    "bool": "bool",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "float8_e4m3fnuz": "float8_e4m3fnuz",
+    "float8_e5m2": "float8_e5m2",
+    "float8_e5m2fnuz": "float8_e5m2fnuz",
+    "float8_e8m0fnu": "float8_e8m0fnu",
+    "float4_e2m1fn_x2": "float4_e2m1fn_x2",
+    "qint8": "qint8",
+    "quint8": "quint8",
+    "qint32": "qint32",
+}
+
+# Tensor methods that cast to a fixed dtype, e.g. ``x.half()``.
+CAST_METHODS: dict[str, str] = {
+    "float": "float32",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "double": "float64",
+    "int": "int32",
+    "long": "int64",
+    "short": "int16",
+    "char": "int8",
+    "byte": "uint8",
+    "bool": "bool",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+}
+
+
+def dtype_from_qualified_name(qualified_name: str) -> str | None:
+    """``"torch.half"`` -> ``"float16"``; ``None`` if the name is not a torch dtype."""
+    module, _, attribute = qualified_name.rpartition(".")
+    if module != "torch":
+        return None
+    return _TORCH_DTYPE_ALIASES.get(attribute)
+
+
+# torch factories that create a tensor whose dtype is given by ``dtype=`` or the default dtype.
+TORCH_FACTORIES: frozenset[str] = frozenset(
+    f"torch.{name}"
+    for name in (
+        "empty",
+        "zeros",
+        "ones",
+        "full",
+        "rand",
+        "randn",
+        "empty_strided",
+        "tensor",
+        "as_tensor",
+    )
+)
+# torch factories that follow their first argument's dtype unless ``dtype=`` is given.
+TORCH_LIKE_FACTORIES: frozenset[str] = frozenset(
+    f"torch.{name}_like" for name in ("empty", "zeros", "ones", "full", "rand", "randn")
+)
+# Tensor methods that allocate with the receiver's dtype unless ``dtype=`` is given.
+NEW_METHODS: frozenset[str] = frozenset(
+    {"new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"}
+)
+# Positional index of ``dtype`` where the factory accepts it positionally.
+POSITIONAL_DTYPE: dict[str, int] = {"torch.as_tensor": 1}
+
+# Wrappers and methods whose result has the dtype of the tensor they are given.
+DTYPE_PRESERVING_WRAPPERS = frozenset(
+    {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"}
+)
+DTYPE_PRESERVING_METHODS = frozenset(
+    {
+        "contiguous", "cpu", "cuda", "detach", "detach_", "expand", "expand_as", "fill_",
+        "flatten", "narrow", "permute", "pin_memory", "repeat", "requires_grad_", "reshape",
+        "share_memory_", "squeeze", "t", "transpose", "unsqueeze", "view", "view_as", "zero_",
+        "normal_", "uniform_", "copy_", "unflatten", "movedim", "select", "index_select",
+        "split", "chunk", "unbind", "roll", "flip", "masked_fill", "masked_fill_", "index_fill_",
+    }
+)  # fmt: skip
+DTYPE_PRESERVING_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH"})
+
+# Functions that read tensors from a file, with the dtype they were saved in.
+TORCH_LOADERS = frozenset(
+    {
+        "torch.load",
+        "torch.serialization.load",
+        "safetensors.torch.load_file",
+        "safetensors.torch.load",
+    }
+)
+NUMPY_LOADERS = frozenset(
+    {
+        "numpy.load",
+        "numpy.fromfile",
+        "numpy.frombuffer",
+        "numpy.memmap",
+        "numpy.lib.format.open_memmap",
+    }
+)
+NUMPY_FLOAT32_NAMES = frozenset({"numpy.float32", "numpy.single"})
+NUMPY_FLOAT32_STRINGS = frozenset({"float32", "f4", "<f4"})
+# numpy methods whose result keeps the array's origin (a file read stays a file read).
+NUMPY_ORIGIN_PRESERVING_METHODS = frozenset({"copy", "reshape", "squeeze", "transpose"})
+# Names of parameters and attributes that hold a checkpoint's contents.
+CHECKPOINT_SUFFIXES = ("state_dict", "checkpoint", "ckpt")
+
+# Legacy tensor type names (``x.type("torch.cuda.HalfTensor")``) and the dtype they mean.
+TENSOR_TYPE_DTYPES = {
+    "HalfTensor": "float16",
+    "BFloat16Tensor": "bfloat16",
+    "DoubleTensor": "float64",
+    "ByteTensor": "uint8",
+    "CharTensor": "int8",
+    "ShortTensor": "int16",
+    "IntTensor": "int32",
+    "LongTensor": "int64",
+    "BoolTensor": "bool",
+}
+FLOAT32_TENSOR_TYPE = "FloatTensor"
+
+# Annotations that say what a parameter holds (for ``x.to(param)``).
+TENSOR_ANNOTATIONS = frozenset({"torch.Tensor", "Tensor", "torch.nn.Parameter", "nn.Parameter"})
+DEVICE_ANNOTATIONS = frozenset({"torch.device", "device", "str", "int"})
+DTYPE_ANNOTATIONS = frozenset({"torch.dtype", "dtype"})

@@ -1,0 +1,201 @@
+"""The one walker that finds every binding of a gate cache, in every spelling, once per file.
+
+A binding is an expression that becomes a gate cache: ``<target> = <value>`` (plain, annotated,
+tuple, walrus), a dict literal entry (``{"g_cache": ...}``), a keyword argument
+(``Pool(g_cache=...)``), ``register_buffer("g_cache", ...)`` and ``setattr(obj, "g_cache", ...)``.
+The walker runs first in the shared traversal: it keeps the enclosing scopes and the innermost
+statement (the :class:`~replaylint.lint.syntax.sites.Site` rules evaluate at) and hands each
+binding to every rule that asks for bindings, in rule order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.syntax.nodes import (
+    binding_name,
+    literal_string,
+    method_name,
+    one_line,
+    positional_args,
+)
+from replaylint.lint.syntax.sites import ScopeNode, Site
+from replaylint.lint.syntax.traversal import Visitor
+
+
+@dataclass(frozen=True)
+class GateCacheBinding:
+    """An expression that becomes a gate cache: ``<target> = <value>`` in one of its spellings."""
+
+    name: str
+    """The gate-cache name as matched (``g_cache``)."""
+    display: str
+    """How the target reads in source (``self.g_cache``, ``caches["g_cache"]``)."""
+    value: cst.BaseExpression
+    statement: cst.CSTNode
+    site: Site
+    """Where ``value`` is evaluated (for following local bindings)."""
+
+
+BindingReceiver = Callable[[GateCacheBinding], None]
+
+
+class BindingWalker(Visitor):
+    """Tracks where the traversal is and reports every gate-cache binding to ``receivers``."""
+
+    def __init__(
+        self,
+        module: cst.Module,
+        names: GateCacheNames,
+        receivers: Sequence[BindingReceiver] = (),
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.names = names
+        self.receivers = tuple(receivers)
+        self._scopes: list[ScopeNode] = [module]
+        self._statements: list[cst.CSTNode] = []
+
+    def site(self) -> Site:
+        """Where the traversal is: the enclosing scopes and the innermost statement."""
+        return Site(tuple(self._scopes), self._statements[-1] if self._statements else None)
+
+    def _found(self, binding: GateCacheBinding) -> None:
+        for receive in self.receivers:
+            receive(binding)
+
+    # Our traversal only dispatches methods whose own name is visit_*/leave_*, so each statement
+    # kind gets its two one-line methods.
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._statements.append(node)
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self._statements.pop()
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._statements.append(node)
+
+    def leave_SimpleStatementSuite(self, original_node: cst.SimpleStatementSuite) -> None:
+        self._statements.pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        self._statements.append(node)
+
+    def leave_If(self, original_node: cst.If) -> None:
+        self._statements.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self._statements.append(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._statements.pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._statements.append(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._statements.pop()
+
+    def visit_With(self, node: cst.With) -> None:
+        self._statements.append(node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        self._statements.pop()
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self._statements.append(node)
+
+    def leave_Try(self, original_node: cst.Try) -> None:
+        self._statements.pop()
+
+    def visit_TryStar(self, node: cst.TryStar) -> None:
+        self._statements.append(node)
+
+    def leave_TryStar(self, original_node: cst.TryStar) -> None:
+        self._statements.pop()
+
+    def visit_Match(self, node: cst.Match) -> None:
+        self._statements.append(node)
+
+    def leave_Match(self, original_node: cst.Match) -> None:
+        self._statements.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._statements.append(node)
+        self._scopes.append(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._scopes.pop()
+        self._statements.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._statements.append(node)
+        self._scopes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._scopes.pop()
+        self._statements.pop()
+
+    # ----------------------------------------------------------------- binding spellings
+    def _bind(
+        self, target: cst.BaseExpression, value: cst.BaseExpression, stmt: cst.CSTNode
+    ) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+            targets = [element.value for element in target.elements]
+            values = [element.value for element in value.elements]
+            if len(targets) == len(values) and not any(
+                isinstance(e, cst.StarredElement) for e in (*target.elements, *value.elements)
+            ):
+                for sub_target, sub_value in zip(targets, values, strict=True):
+                    self._bind(sub_target, sub_value, stmt)
+            return
+        name = binding_name(target)
+        if name is not None and self.names.matches(name):
+            display = self.module.code_for_node(target).strip()
+            self._found(GateCacheBinding(name, display, value, stmt, self.site()))
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value, node)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind(node.target, node.value, node)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target, node.value, node)
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        for element in node.elements:
+            if isinstance(element, cst.DictElement):
+                key = literal_string(element.key)
+                if key is not None and self.names.matches(key):
+                    display = self.module.code_for_node(element.key)
+                    self._found(GateCacheBinding(key, display, element.value, node, self.site()))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        for arg in node.args:
+            if arg.keyword is not None and self.names.matches(arg.keyword.value):
+                text = one_line(self.module, arg.value, 40)
+                display = f"{arg.keyword.value}={text}"
+                self._found(
+                    GateCacheBinding(arg.keyword.value, display, arg.value, node, self.site())
+                )
+        method = method_name(node)
+        positional = positional_args(node)
+        if method == "register_buffer" and len(positional) >= 2:
+            key, value = literal_string(positional[0].value), positional[1].value
+        elif (
+            isinstance(node.func, cst.Name)
+            and node.func.value == "setattr"
+            and len(positional) == 3
+        ):
+            key, value = literal_string(positional[1].value), positional[2].value
+        else:
+            return
+        if key is not None and self.names.matches(key):
+            self._found(GateCacheBinding(key, repr(key), value, node, self.site()))

@@ -1,0 +1,164 @@
+"""Gate-cache names learned from the call sites of ReplaySSM decode entry points.
+
+Real code names its gate ring freely (sglang's ``replayssm_g``, a ``decay_ring`` elsewhere) but
+always hands it to the decode kernel as the gate-cache argument. A cheap first pass over every
+file of a run finds those calls and learns the name of whatever is passed — the variable, an
+attribute's last part, or a string key — so that the checking pass treats that name as a gate
+cache everywhere. Each learned name remembers the call that taught it.
+
+The pass is cheap by design: a file is only parsed (with :mod:`ast`, not libcst) when its text
+contains the literal part of an entry-point pattern, and only calls are inspected. Names too
+generic to mean "the gate ring" everywhere (``g``, ``gate``, ``x``, ``buf`` ...) are not learned:
+the foundation rules say a tensor named ``g`` is not a gate cache, and learning it from one call
+would flag every per-token gate in the run.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+from replaylint.lint.gatecache.entry_points import EntryPoint
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.syntax.limits import too_large
+
+__all__ = ["TOO_GENERIC_TO_LEARN", "entry_point_needles", "learn_gate_cache_names"]
+
+TOO_GENERIC_TO_LEARN: frozenset[str] = frozenset(
+    {
+        "g", "gate", "gates", "log_g", "g_t", "gt", "x", "y", "t", "a", "b", "tensor", "tensors",
+        "buf", "buffer", "buffers", "cache", "caches", "ring", "state", "states", "out", "arg",
+        "value", "data", "tmp", "temp", "input", "inputs",
+    }
+)  # fmt: skip
+# Calls that return their receiver's data with the same name-worthy identity.
+_TRANSPARENT_METHODS = frozenset(
+    {"contiguous", "view", "reshape", "detach", "flatten", "squeeze", "unsqueeze", "cuda", "to"}
+)
+
+
+def learn_gate_cache_names(
+    sources: Iterable[tuple[str, str]],
+    entry_points: Sequence[EntryPoint],
+    known: GateCacheNames | None = None,
+) -> dict[str, LearnedFrom]:
+    """Names passed as the gate cache of an entry point in ``sources`` ((filename, text) pairs).
+
+    Names that ``known`` already matches are left out (they need no teaching); the first call
+    that teaches a name is the one remembered. Files that do not parse are skipped: the checking
+    pass reports them.
+    """
+    needles = entry_point_needles(entry_points)
+    learned: dict[str, LearnedFrom] = {}
+    for filename, text in sources:
+        if needles is not None and not any(needle in text for needle in needles):
+            continue
+        if too_large(text) is not None:  # the checking pass reports it
+            continue
+        try:
+            tree = ast.parse(text, filename=filename)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for name, origin in _names_in(tree, filename, entry_points):
+            if name in learned or name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
+                continue
+            if known is not None and known.matches(name):
+                continue
+            learned[name] = origin
+    return learned
+
+
+def entry_point_needles(entry_points: Sequence[EntryPoint]) -> list[str] | None:
+    """Literal text every matching call must contain; None when some pattern has none."""
+    needles: list[str] = []
+    for entry_point in entry_points:
+        pieces = [piece for piece in re.split(r"[*?\[\]]", entry_point.function) if piece]
+        if not pieces:
+            return None
+        needles.append(max(pieces, key=len).rpartition(".")[2] or max(pieces, key=len))
+    return needles
+
+
+def _names_in(
+    tree: ast.AST, filename: str, entry_points: Sequence[EntryPoint]
+) -> Iterator[tuple[str, LearnedFrom]]:
+    aliases = _import_aliases(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        written = _dotted(node.func)
+        if written is None:
+            continue
+        head, _, rest = written.partition(".")
+        resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
+        for entry_point in entry_points:
+            if not (entry_point.matches(written) or entry_point.matches(resolved)):
+                continue
+            argument = _gate_argument(node, entry_point)
+            name = None if argument is None else _name_of(argument)
+            if name is not None:
+                yield name, LearnedFrom(filename, node.lineno, written)
+            break
+
+
+def _gate_argument(call: ast.Call, entry_point: EntryPoint) -> ast.expr | None:
+    for keyword in call.keywords:
+        if keyword.arg == entry_point.parameter:
+            return keyword.value
+    index = entry_point.index
+    if index is None or index >= len(call.args):
+        return None
+    if any(isinstance(arg, ast.Starred) for arg in call.args[: index + 1]):
+        return None
+    return call.args[index]
+
+
+def _name_of(expr: ast.expr) -> str | None:
+    """``ring`` / ``self.ring`` / ``caches["ring"]`` / ``self.ring[layer].contiguous()`` -> ring."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Attribute):
+            return expr.attr
+        if isinstance(expr, ast.Subscript):
+            key = expr.slice
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                return key.value
+            expr = expr.value
+            continue
+        if (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in _TRANSPARENT_METHODS
+        ):
+            expr = expr.func.value
+            continue
+        return None
+
+
+def _dotted(expr: ast.expr) -> str | None:
+    parts: list[str] = []
+    while isinstance(expr, ast.Attribute):  # a loop: generated chains can be thousands long
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    parts.append(expr.id)
+    return ".".join(reversed(parts))
+
+
+def _import_aliases(tree: ast.AST) -> dict[str, str]:
+    """``from ops import kda_replayssm_decode as decode`` -> {"decode": "ops.kda_replayssm_decode"}."""
+    aliases: dict[str, str] = {}
+    body = tree.body if isinstance(tree, ast.Module) else []
+    for statement in body:
+        if isinstance(statement, ast.ImportFrom):
+            for alias in statement.names:
+                if alias.asname is not None:
+                    aliases[alias.asname] = f"{statement.module or ''}.{alias.name}".lstrip(".")
+        elif isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.asname is not None:
+                    aliases[alias.asname] = alias.name
+    return aliases

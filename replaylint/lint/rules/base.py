@@ -1,0 +1,169 @@
+"""The rule unit: one self-contained class of code, message, rationale, fix and examples.
+
+A rule's code and name come from its module's name (``rl001_explicit_non_fp32_dtype.py`` holds
+``RL001``, ``explicit-non-fp32-dtype``); its class attributes are its documentation
+(``replaylint rule RL001`` and ``docs/rules/`` are generated from them) and its ``VALID`` /
+``INVALID`` examples are its tests. Every enabled rule of a run sees a file in one shared
+traversal: :meth:`Rule.check_binding` receives each gate-cache binding the
+:class:`~replaylint.lint.gatecache.bindings.BindingWalker` finds, and a rule may visit other nodes
+(``visit_For``, ``visit_Call``) as a libcst visitor does.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.facts import CastValue, Float32Target, TensorFact
+from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.fixes.drafts import EditDraft, FixDraft
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.catalogue import rule_identity, rule_url
+from replaylint.lint.rules.wording import gate_cache_subject
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import Visitor
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Code the rule must accept without a finding."""
+
+    code: str
+
+    @property
+    def source(self) -> str:
+        return textwrap.dedent(self.code).lstrip("\n")
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Code the rule must flag; ``expected_fix`` is the source after ``--fix --unsafe-fixes``.
+
+    ``expected_fix=None`` states that the finding has no fix.
+    """
+
+    code: str
+    expected_fix: str | None = None
+    message_contains: str | None = None
+
+    @property
+    def source(self) -> str:
+        return textwrap.dedent(self.code).lstrip("\n")
+
+    @property
+    def fixed_source(self) -> str | None:
+        if self.expected_fix is None:
+            return None
+        return textwrap.dedent(self.expected_fix).lstrip("\n")
+
+
+class Rule(Visitor):
+    """Base class of every lint rule. Subclasses set the class attributes and check bindings."""
+
+    CODE: ClassVar[str]
+    """``RL001``; taken from the module name for the rules in this package."""
+    NAME: ClassVar[str]
+    """Short kebab-case name, e.g. ``explicit-non-fp32-dtype``; from the module name too."""
+    SUMMARY: ClassVar[str]
+    """What the rule finds, one sentence."""
+    RATIONALE: ClassVar[str]
+    """Why it matters (markdown)."""
+    FIX: ClassVar[str]
+    """What the fix does, or why there is none (markdown)."""
+    FIX_APPLICABILITY: ClassVar[Applicability | None]
+    """Applicability of the rule's fixes; ``None`` when it offers none."""
+    VALID: ClassVar[Sequence[Valid]]
+    INVALID: ClassVar[Sequence[Invalid]]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        identity = rule_identity(cls.__module__)
+        if identity is None:
+            return  # a rule defined elsewhere (a plugin, a test) states CODE and NAME itself
+        for attribute, value in zip(("CODE", "NAME"), identity, strict=True):
+            stated = cls.__dict__.get(attribute)
+            if stated is not None and stated != value:
+                raise TypeError(
+                    f"{cls.__qualname__}.{attribute} is {stated!r} but its module "
+                    f"{cls.__module__} names it {value!r}: the module name defines it"
+                )
+            setattr(cls, attribute, value)
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__()
+        self.context = context
+
+    @classmethod
+    def wants_bindings(cls) -> bool:
+        """Whether the rule overrides :meth:`check_binding` (the walker skips it otherwise)."""
+        return cls.check_binding is not Rule.check_binding
+
+    def check_binding(self, binding: GateCacheBinding) -> None:
+        """Called for every gate-cache binding of the file, in source order."""
+
+    def report(self, node: cst.CSTNode, message: str, *, fix: FixDraft | None = None) -> None:
+        """Record a finding located at ``node`` (the smallest expression it is about)."""
+        self.context.add_finding(self.CODE, node, message, fix)
+
+    @classmethod
+    def url(cls) -> str:
+        return rule_url(cls.CODE)
+
+    # ------------------------------------------------------------------- shared questions
+    def site(self) -> Site:
+        """Where the traversal is now."""
+        return self.context.site()
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.context.provenance
+
+    def facts(self, binding: GateCacheBinding) -> tuple[TensorFact, ...]:
+        """How the value bound to the gate cache got its dtype, one fact per way."""
+        return self.provenance.tensor_facts(binding.value, binding.site)
+
+    def subject(self, binding: GateCacheBinding) -> str:
+        return gate_cache_subject(self.context.gate_caches, binding)
+
+    def float32(self) -> str:
+        """``torch.float32`` as this module spells it."""
+        return self.context.spelling.float32
+
+    def fix_for(
+        self,
+        binding: GateCacheBinding,
+        fact: TensorFact,
+        target: Float32Target | None,
+        message: str,
+        applicability: Applicability,
+    ) -> FixDraft | None:
+        """The fix for ``fact`` found at ``binding``; ``{float32}`` in ``message`` is spelled.
+
+        A fact reached through a local that is read elsewhere too (``ring = ...`` used for more
+        than this gate cache) is not fixed where the local is made — that would change its other
+        uses — but by a cast where it becomes the gate cache. Every such cast of one binding is
+        the same edit, so several findings on one binding do not stack casts.
+        """
+        spelling = self.context.spelling
+        if fact.via and not all(self.context.index.read_once(b) for b in fact.via):
+            return FixDraft(
+                f"Cast it to {self.float32()} where it becomes the gate cache",
+                spelling.cast_at(binding.value),
+                applicability,
+            )
+        if target is None:
+            return None
+        edits: tuple[EditDraft, ...] | None
+        if isinstance(target, CastValue) and target.node is binding.value:
+            edits = spelling.cast_at(binding.value)
+        else:
+            edits = spelling.edits_for(target)
+        if edits is None:
+            return None
+        return FixDraft(message.format(float32=self.float32()), edits, applicability)

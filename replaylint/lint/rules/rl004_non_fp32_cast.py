@@ -1,0 +1,156 @@
+"""RL004: a gate cache cast to a dtype other than float32."""
+
+from __future__ import annotations
+
+from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY, literal_names, through
+
+
+class NonFp32Cast(Rule):
+    SUMMARY = "A gate cache is cast to a dtype that is not provably float32."
+    RATIONALE = """\
+The ReplaySSM gate ring holds log-decays `g`; the kernel rebuilds the state as
+`S0 * exp(G_T) + sum_j d_j (x) (exp(G_T - G_j) * k_j)` from their prefix sums `G`. In bfloat16 an
+absolute error of one ulp in `G` is a relative error of up to ~0.4% in `exp(G)`, per stored step;
+over a ring of 16 steps the decays are off by ~1.5%, and the checkpoint written at each flush
+carries the error forward. The ring must stay float32.
+
+Casts are how a correct float32 ring turns bf16 later: moving the state pool "to the model dtype"
+(`.to(dtype=model_dtype)`, `.to(torch.bfloat16)`, `.bfloat16()`, `.half()`, `.type(...)`),
+or matching another tensor (`.to(d_cache)`, `.type_as(k_cache)`, which take that tensor's dtype).
+`.to(device)`, `.to("cuda", non_blocking=True)`, `.float()` and `.to(torch.float32)` are fine, and
+so is `.to(other)` when `other` is known to be float32 (another gate cache).
+"""
+    FIX = """\
+Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.double()` become
+`.float()`, a dtype argument (`.to(torch.bfloat16)`, `.to(device, dtype=model_dtype)`,
+`.type(torch.half)`) becomes `torch.float32`, `.type("torch.cuda.HalfTensor")` becomes
+`.type("torch.cuda.FloatTensor")`, and `.to(other)` becomes `.to(other.device, torch.float32)` (the
+same device move, float32 dtype). The fix is **safe**: the cast's result is the gate cache, and
+only its dtype changes, to the one the kernel requires; the device, `non_blocking`, `copy` and the
+dtype variable itself are untouched for every other use. `.type_as(other)` has no fix (it also
+changes the device type); rewrite it as `.to(other.device, torch.float32)`.
+"""
+    FIX_APPLICABILITY = Applicability.SAFE
+
+    VALID = (
+        Valid(
+            """
+            import torch
+
+            def to_device(self, device):
+                # a device move keeps float32
+                self.g_cache = self.g_cache.to(device, non_blocking=True)
+                self.d_cache = self.d_cache.to(device=device, dtype=self.dtype)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def restore(snapshot, device):
+                g_cache = snapshot.to(device=device, dtype=torch.float32)
+                replayssm_g = snapshot.float()
+                return g_cache, replayssm_g
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def adopt(self, other_pool):
+                # another gate cache is float32: matching it keeps float32
+                self.g_cache = self.g_cache.to(other_pool.g_cache)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            # the d and k rings follow the model dtype
+            d_cache = d_cache.to(torch.bfloat16)
+            k_cache = k_cache.half()
+            """
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """
+            import torch
+
+            def to_model_dtype(self, model_dtype):
+                self.g_cache = self.g_cache.to(dtype=model_dtype)
+            """,
+            expected_fix="""
+            import torch
+
+            def to_model_dtype(self, model_dtype):
+                self.g_cache = self.g_cache.to(dtype=torch.float32)
+            """,
+            message_contains="`.to(model_dtype)`",
+        ),
+        Invalid(
+            """
+            import torch as th
+            replayssm_g = replayssm_g.to("cuda", th.bfloat16, non_blocking=True)
+            """,
+            expected_fix="""
+            import torch as th
+            replayssm_g = replayssm_g.to("cuda", th.float32, non_blocking=True)
+            """,
+            message_contains="torch.bfloat16",
+        ),
+        Invalid(
+            """
+            def halve(pool):
+                pool.g_cache = pool.g_cache.half().contiguous()
+            """,
+            expected_fix="""
+            def halve(pool):
+                pool.g_cache = pool.g_cache.float().contiguous()
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            def match_rings(d_cache: torch.Tensor, g_cache: torch.Tensor):
+                return {"g_cache": g_cache.to(d_cache, non_blocking=True)}
+            """,
+            expected_fix="""
+            import torch
+
+            def match_rings(d_cache: torch.Tensor, g_cache: torch.Tensor):
+                return {"g_cache": g_cache.to(d_cache.device, torch.float32, non_blocking=True)}
+            """,
+            message_contains="`.to(d_cache)`",
+        ),
+        Invalid(
+            """
+            def legacy(layer_cache):
+                layer_cache.replayssm_g = layer_cache.replayssm_g.type("torch.cuda.HalfTensor")
+            """,
+            expected_fix="""
+            def legacy(layer_cache):
+                layer_cache.replayssm_g = layer_cache.replayssm_g.type("torch.cuda.FloatTensor")
+            """,
+        ),
+    )
+
+    def check_binding(self, binding: GateCacheBinding) -> None:
+        for fact in self.facts(binding):
+            if fact.kind is not Kind.CAST:
+                continue
+            literals = fact.non_float32_literals
+            target = literal_names(literals) if literals else "a dtype that is not provably float32"
+            fix = self.fix_for(
+                binding, fact, fact.target, "Cast to {float32} instead", Applicability.SAFE
+            )
+            self.report(
+                fact.node,
+                f"{self.subject(binding)} is cast to {target} by {fact.detail}"
+                f"{through(self.context, fact)}; {WHY}",
+                fix=fix,
+            )

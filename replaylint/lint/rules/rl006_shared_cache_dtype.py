@@ -1,0 +1,596 @@
+"""RL006: one dtype shared by several caches, the gate cache among them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.facts import AddDtypeArgument, DtypeFact, Kind, SetDtype, TensorFact
+from replaylint.lint.dataflow.scopes import all_params
+from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY
+from replaylint.lint.syntax.nodes import (
+    binding_name,
+    keyword_arg,
+    method_name,
+    one_line,
+    positional_args,
+    read_names,
+)
+from replaylint.lint.syntax.sites import ScopeNode, Site
+
+_REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST})
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp)
+
+
+@dataclass
+class _Loop:
+    target: cst.BaseExpression
+    iterable: cst.BaseExpression
+    site: Site
+    word: str = "loop"
+    ifs: Sequence[cst.CompIf] = ()
+    _iterations: list[dict[str, str]] | None = None
+    _computed: bool = False
+
+
+class SharedCacheDtype(Rule):
+    SUMMARY = (
+        "Several caches, the gate cache among them, are allocated with one shared dtype "
+        "(a loop, a comprehension or a helper function)."
+    )
+    RATIONALE = """\
+The three ReplaySSM rings look alike — `[slots, heads, L, dim]` per layer — so they are often
+allocated together: a loop over `("d_cache", "k_cache", "g_cache")`, a dict comprehension, or a
+helper `_ring(shape, dtype)` called three times. The d and k rings follow the model dtype; the
+gate ring holds log-decays whose prefix sums the kernel exponentiates (`exp(G_T - G_j)`), where a
+bf16 rounding error becomes a ~1.5% relative error in the decays at ring length 16, compounded at
+every flush into the checkpoint. One shared dtype therefore makes the gate ring wrong whenever the
+model is not float32, and no single line looks wrong.
+
+The rule evaluates the loop body or comprehension once per iteration whose name is a gate cache
+(`setattr(self, name, ...)`, `self.register_buffer(name, ...)`, `caches[name] = ...`,
+`{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included), deciding
+conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
+clean. For a helper defined in the same module (a function or a method called on `self`), it
+follows the helper's dtype parameter to the allocation the helper returns and checks the argument
+the gate-cache call passes.
+"""
+    FIX = """\
+Where it is unambiguous. In a loop or comprehension, the dtype becomes
+`torch.float32 if name == "g_cache" else <the shared dtype>` (or `dtype=torch.float32 if ... else
+None` when there was none: `None` keeps the old behaviour for the other caches). For a helper, the
+gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
+only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
+dtype expression it had, and only the gate cache changes, to float32. Otherwise — `.half()` in a
+loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
+targets — the finding says what to change and has no fix.
+"""
+    FIX_APPLICABILITY = Applicability.SAFE
+
+    VALID = (
+        Valid(
+            """
+            import torch
+
+            class Rings(torch.nn.Module):
+                def __init__(self, shapes, dtype):
+                    super().__init__()
+                    for name in ("d_cache", "k_cache", "g_cache"):
+                        ring_dtype = torch.float32 if name == "g_cache" else dtype
+                        self.register_buffer(name, torch.zeros(shapes[name], dtype=ring_dtype))
+            """
+        ),
+        Valid(
+            """
+            import torch
+            DTYPES = {"d_cache": torch.bfloat16, "k_cache": torch.bfloat16, "g_cache": torch.float32}
+            caches = {name: torch.empty(shape, dtype=DTYPES[name]) for name in DTYPES}
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def _ring(shape, dtype, device):
+                return torch.zeros(shape, dtype=dtype, device=device)
+
+            def build(self, c, device):
+                self.d_cache = _ring(c.d_shape, c.dtype, device)
+                self.k_cache = _ring(c.k_shape, c.dtype, device)
+                self.g_cache = _ring(c.g_shape, torch.float32, device)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            # only d and k share the model dtype
+            for name in ("d_cache", "k_cache"):
+                setattr(pool, name, torch.zeros(shape, dtype=model_dtype))
+            pool.g_cache = torch.zeros(shape, dtype=torch.float32)
+            """
+        ),
+    )
+    INVALID = (
+        Invalid(
+            """
+            import torch
+
+            class Rings(torch.nn.Module):
+                def __init__(self, shapes, dtype):
+                    super().__init__()
+                    for name in ("d_cache", "k_cache", "g_cache"):
+                        self.register_buffer(name, torch.zeros(shapes[name], dtype=dtype))
+            """,
+            expected_fix="""
+            import torch
+
+            class Rings(torch.nn.Module):
+                def __init__(self, shapes, dtype):
+                    super().__init__()
+                    for name in ("d_cache", "k_cache", "g_cache"):
+                        self.register_buffer(name, torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else dtype))
+            """,
+            message_contains='loop over `("d_cache", "k_cache", "g_cache")`',
+        ),
+        Invalid(
+            """
+            import torch
+            RINGS = ("d", "k", "g")
+            caches = {f"{kind}_cache": torch.empty(shape, device=dev) for kind in RINGS}
+            """,
+            expected_fix="""
+            import torch
+            RINGS = ("d", "k", "g")
+            caches = {f"{kind}_cache": torch.empty(shape, device=dev, dtype=torch.float32 if kind == "g" else None) for kind in RINGS}
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                def _ring(self, shape, dtype):
+                    return torch.zeros(shape, dtype=dtype, device=self.device)
+
+                def allocate(self, c):
+                    self.d_cache = self._ring(c.d_shape, c.dtype)
+                    self.g_cache = self._ring(c.g_shape, c.dtype)
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                def _ring(self, shape, dtype):
+                    return torch.zeros(shape, dtype=dtype, device=self.device)
+
+                def allocate(self, c):
+                    self.d_cache = self._ring(c.d_shape, c.dtype)
+                    self.g_cache = self._ring(c.g_shape, torch.float32)
+            """,
+            message_contains="`_ring`",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def snapshot(pool, dtype):
+                for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
+                    setattr(pool, name, ring.to(dtype=dtype))
+            """,
+            expected_fix="""
+            import torch
+
+            def snapshot(pool, dtype):
+                for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
+                    setattr(pool, name, ring.to(dtype=torch.float32 if name == "g_cache" else dtype))
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
+            """,
+            expected_fix=None,
+            message_contains="one comprehension",
+        ),
+    )
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._loops: list[_Loop] = []
+        self._reported: set[int] = set()
+
+    # ------------------------------------------------------------------ loops over names
+    def visit_For(self, node: cst.For) -> None:
+        self._loops.append(_Loop(node.target, node.iter, self.site()))
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._loops.pop()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self._loops:
+            return
+        positional = positional_args(node)
+        method = method_name(node)
+        if isinstance(node.func, cst.Name) and node.func.value == "setattr":
+            if len(positional) == 3:
+                self._keyed(positional[1].value, positional[2].value, self._loops)
+        elif method == "register_buffer" and len(positional) >= 2:
+            self._keyed(positional[0].value, positional[1].value, self._loops)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            subject = target.target
+            if (
+                self._loops
+                and isinstance(subject, cst.Subscript)
+                and len(subject.slice) == 1
+                and isinstance(subject.slice[0].slice, cst.Index)
+            ):
+                self._keyed(subject.slice[0].slice.value, node.value, self._loops)
+            if isinstance(subject, (cst.Tuple, cst.List)):
+                self._unpacked(subject, node.value)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        for_in = node.for_in
+        loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
+        self._keyed(node.key, node.value, [loop])
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._comprehension(node)
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._comprehension(node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._comprehension(node)
+
+    def _comprehension(self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp) -> None:
+        for_in = node.for_in
+        loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
+        self._keyed(for_in.target, node.elt, [loop])
+
+    def _iterations(self, loop: _Loop) -> list[dict[str, str]] | None:
+        if not loop._computed:
+            loop._computed = True
+            loop._iterations = self.provenance.iterations(loop.target, loop.iterable, loop.site)
+        return loop._iterations
+
+    def _keyed(
+        self, key: cst.BaseExpression, value: cst.BaseExpression, loops: Sequence[_Loop]
+    ) -> None:
+        """``value`` is stored under the name ``key`` inside ``loops``: check gate iterations."""
+        if not _may_allocate(value):
+            return
+        for loop in reversed(loops):
+            iterations = self._iterations(loop)
+            if not iterations:
+                continue
+            site = self.site()
+            gate_envs = []
+            for env in iterations:
+                if any(self.provenance.condition(i.test, site, env) is False for i in loop.ifs):
+                    continue
+                name = self.provenance.string_value(key, site, env)
+                if name is not None and self.context.gate_caches.matches(name):
+                    gate_envs.append((name, env))
+            if not gate_envs:
+                continue
+            variable = _condition_variable(key, [env for _, env in gate_envs])
+            for name, env in gate_envs:
+                for fact in self.provenance.tensor_facts(value, site, env):
+                    if fact.kind in _REPORTED:
+                        self._report_loop(fact, name, loop, variable, gate_envs)
+            return
+
+    def _report_loop(
+        self,
+        fact: TensorFact,
+        name: str,
+        loop: _Loop,
+        variable: str | None,
+        gate_envs: list[tuple[str, dict[str, str]]],
+    ) -> None:
+        if id(fact.node) in self._reported:
+            return
+        self._reported.add(id(fact.node))
+        iterable = one_line(self.context.module, loop.iterable)
+        condition = None
+        if variable is not None:
+            values = sorted({env[variable] for _, env in gate_envs})
+            condition = (
+                f"{variable} == {_quote(values[0])}"
+                if len(values) == 1
+                else f"{variable} in ({', '.join(_quote(v) for v in values)})"
+            )
+        self.report(
+            fact.node,
+            f"gate cache `{name}` is {_what(fact)} by a {loop.word} over `{iterable}` that gives every "
+            f"cache {_shared(self, fact)}; {WHY}",
+            fix=None if condition is None else self._conditional_fix(fact, condition),
+        )
+
+    def _conditional_fix(self, fact: TensorFact, condition: str) -> FixDraft | None:
+        target = fact.target
+        spelling, imports = self.context.spelling.torch_attribute("float32")
+        edit: EditDraft
+        if isinstance(target, SetDtype):
+            original = one_line(self.context.module, target.node, 10_000)
+            if isinstance(target.node, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+                original = f"({original})"
+            edit = Replace(target.node, f"{spelling} if {condition} else {original}")
+        elif isinstance(target, AddDtypeArgument):
+            if not target.node.args:
+                return None
+            edit = InsertAfter(target.node.args[-1], f", dtype={spelling} if {condition} else None")
+        else:
+            return None
+        return FixDraft(
+            f"Use {spelling} for the gate cache only", (edit, *imports), Applicability.SAFE
+        )
+
+    # ------------------------------------------------------- several targets, one dtype
+    def _unpacked(self, target: cst.Tuple | cst.List, value: cst.BaseExpression) -> None:
+        """``d, k, g = <comprehension>`` or ``= helper(...)`` returning a tuple."""
+        positions = [
+            (index, element.value)
+            for index, element in enumerate(target.elements)
+            if (name := binding_name(element.value)) is not None
+            and self.context.gate_caches.matches(name)
+        ]
+        if not positions:
+            return
+        site = self.site()
+        comprehension = _comprehension_of(value)
+        if comprehension is None:
+            if isinstance(value, cst.Call):
+                for index, element in positions:
+                    display = self.context.module.code_for_node(element).strip()
+                    self._check_helper(value, display, site, index)
+            return
+        for_in = comprehension.for_in
+        loop = _Loop(for_in.target, for_in.iter, site, "comprehension", for_in.ifs)
+        iterations = self._iterations(loop)
+        for index, element in positions:
+            display = self.context.module.code_for_node(element).strip()
+            if iterations is not None and len(iterations) == len(target.elements):
+                env = iterations[index]
+                variable = _condition_variable(for_in.target, [env])
+                for fact in self.provenance.tensor_facts(comprehension.elt, site, env):
+                    if fact.kind in _REPORTED:
+                        self._report_loop(fact, display, loop, variable, [(display, env)])
+                continue
+            for fact in self.provenance.tensor_facts(comprehension.elt, site):
+                if fact.kind in _REPORTED and id(fact.node) not in self._reported:
+                    self._reported.add(id(fact.node))
+                    self.report(
+                        fact.node,
+                        f"gate cache `{display}` is unpacked from one comprehension that gives "
+                        f"every cache {_shared(self, fact)}; allocate the gate cache on its own "
+                        f"line as float32 ({WHY})",
+                    )
+
+    # ------------------------------------------------------------------ helper functions
+    def check_binding(self, binding: GateCacheBinding) -> None:
+        value = binding.value
+        while (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in {"contiguous", "cuda", "to"}
+            and not (keyword_arg(value, "dtype") or positional_args(value)[1:])
+        ):
+            value = value.func.value
+        if isinstance(value, cst.Call):
+            self._check_helper(value, binding.display, binding.site, None)
+
+    def _check_helper(self, call: cst.Call, display: str, site: Site, position: int | None) -> None:
+        found = self._helper(call, site)
+        if found is None:
+            return
+        helper, helper_scopes, bound = found
+        scope = self.context.scope(helper)
+        parameters = [p for p in all_params(helper.params) if p.star == ""]
+        if bound and parameters:
+            parameters = parameters[1:]
+        names = [p.name.value for p in parameters]
+        for statement_return, statement in scope.returns:
+            returned = statement_return.value
+            if returned is None:
+                continue
+            if position is not None:
+                comprehension = _comprehension_of(returned)
+                if comprehension is not None:
+                    returned = comprehension.elt
+                elif isinstance(returned, (cst.Tuple, cst.List)) and position < len(
+                    returned.elements
+                ):
+                    returned = returned.elements[position].value
+                else:
+                    continue
+            helper_site = Site(helper_scopes, statement)
+            for fact in self.provenance.tensor_facts(returned, helper_site):
+                if fact.kind not in {Kind.VARIABLE, Kind.EXPLICIT}:
+                    continue
+                if any(self.context.gate_caches.matches(b.name) for b in fact.via):
+                    continue  # a gate cache inside the helper: RL001/RL002 report it there
+                for parameter in _parameters(fact.dtypes):
+                    if parameter in names:
+                        index = names.index(parameter)
+                        self._check_argument(
+                            call, display, site, helper, parameters[index], index, fact, position
+                        )
+                        return
+
+    def _helper(
+        self, call: cst.Call, site: Site
+    ) -> tuple[cst.FunctionDef, tuple[ScopeNode, ...], bool] | None:
+        func = call.func
+        if isinstance(func, cst.Name):
+            for binding, binding_site in self.provenance.lookup(func.value, site) or ():
+                if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
+                    return binding.node, (*binding_site.scopes, binding.node), False
+            return None
+        if (
+            isinstance(func, cst.Attribute)
+            and isinstance(func.value, cst.Name)
+            and func.value.value in {"self", "cls"}
+        ):
+            owner = site.enclosing_class()
+            if owner is None:
+                return None
+            for binding in self.context.scope(owner).bindings.get(func.attr.value, ()):
+                if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
+                    static = any(
+                        isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
+                        for d in binding.node.decorators
+                    )
+                    class_index = site.scopes.index(owner)
+                    return binding.node, (*site.scopes[: class_index + 1], binding.node), not static
+        return None
+
+    def _check_argument(
+        self,
+        call: cst.Call,
+        display: str,
+        site: Site,
+        helper: cst.FunctionDef,
+        parameter: cst.Param,
+        index: int,
+        fact: TensorFact,
+        position: int | None,
+    ) -> None:
+        name = parameter.name.value
+        argument = keyword_arg(call, name)
+        stars = any(arg.star for arg in call.args)
+        if argument is None and not stars:
+            positional = positional_args(call)
+            if index < len(positional):
+                argument = positional[index]
+        helper_line = self.context.line_of(helper)
+        allocation = one_line(
+            self.context.module, fact.allocation.call if fact.allocation else fact.node
+        )
+        lead = (
+            f"gate cache `{display}` is allocated by `{helper.name.value}` (line {helper_line}), "
+            f"whose parameter `{name}` is the dtype of `{allocation}` for every cache it makes"
+        )
+        # Passing float32 is right only when the helper's result is the gate cache alone and the
+        # parameter serves nothing else.
+        single_use = position is None and _uses(helper, name) == 1
+        spelling, imports = self.context.spelling.torch_attribute("float32")
+        if argument is not None:
+            facts = self.provenance.dtype_facts(argument.value, site)
+            if all(f.is_float32 for f in facts):
+                return
+            passed = one_line(self.context.module, argument.value)
+            fix = (
+                FixDraft(
+                    f"Pass {spelling} for `{name}`",
+                    (Replace(argument.value, spelling), *imports),
+                    Applicability.SAFE,
+                )
+                if single_use
+                else None
+            )
+            self.report(
+                argument.value,
+                f"{lead}; this call passes `{passed}`, which is not provably float32; {WHY}"
+                + ("" if single_use else _why_no_fix(helper, name, position)),
+                fix=fix,
+            )
+            return
+        if stars or parameter.default is None:
+            return
+        default_facts = self.provenance.dtype_facts(parameter.default, Site(site.scopes[:1], None))
+        if all(f.is_float32 for f in default_facts):
+            return
+        fix = None
+        if single_use and call.args:
+            fix = FixDraft(
+                f"Pass {name}={spelling}",
+                (InsertAfter(call.args[-1], f", {name}={spelling}"), *imports),
+                Applicability.SAFE,
+            )
+        self.report(
+            call,
+            f"{lead}; this call leaves it at its default "
+            f"`{one_line(self.context.module, parameter.default)}`, which is not float32; {WHY}",
+            fix=fix,
+        )
+
+
+def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str:
+    if position is not None:
+        return (
+            f" (`{helper.name.value}` returns several caches made with `{name}`: allocate the "
+            "gate cache separately as float32)"
+        )
+    return (
+        f" (`{helper.name.value}` also uses `{name}` for other work: give the gate cache its own "
+        "float32 allocation)"
+    )
+
+
+def _may_allocate(value: cst.BaseExpression) -> bool:
+    """Cheap syntactic filter before any dataflow: only calls and conditionals can be reported."""
+    return isinstance(value, (cst.Call, cst.IfExp))
+
+
+def _comprehension_of(
+    value: cst.BaseExpression,
+) -> cst.ListComp | cst.SetComp | cst.GeneratorExp | None:
+    if isinstance(value, _COMPREHENSIONS):
+        return value
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value in {"tuple", "list"}
+        and len(value.args) == 1
+        and isinstance(value.args[0].value, _COMPREHENSIONS)
+    ):
+        inner = value.args[0].value
+        assert isinstance(inner, _COMPREHENSIONS)
+        return inner
+    return None
+
+
+def _condition_variable(key: cst.BaseExpression, envs: list[dict[str, str]]) -> str | None:
+    """The one loop variable the cache name depends on (``name``, ``kind``), if there is one."""
+    used = {node.value for node in read_names(key)}
+    candidates = [v for v in used if all(v in env for env in envs)]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _uses(helper: cst.FunctionDef, name: str) -> int:
+    """How often ``name`` is read in ``helper``'s body."""
+    return sum(1 for node in read_names(helper.body) if node.value == name)
+
+
+def _parameters(dtypes: Sequence[DtypeFact]) -> list[str]:
+    return [d.parameter for d in dtypes if d.parameter is not None]
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)
+
+
+def _what(fact: TensorFact) -> str:
+    return "cast" if fact.kind is Kind.CAST else "allocated"
+
+
+def _shared(rule: Rule, fact: TensorFact) -> str:
+    if fact.kind is Kind.INHERITED:
+        return f"the same inherited dtype ({fact.detail})"
+    if fact.kind is Kind.CAST:
+        return f"the same cast ({fact.detail})"
+    literals = fact.non_float32_literals
+    if literals:
+        return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
+    return f"the same dtype `{one_line(rule.context.module, fact.node)}`, which is not provably float32"

@@ -1,0 +1,75 @@
+"""Wording the rules' messages share, so that every rule says the same thing the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.facts import DtypeFact, TensorFact
+from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.syntax.nodes import one_line
+
+WHY = "gate caches hold log-decays that are summed and exponentiated, so they must be float32"
+"""Why a gate cache must be float32, closing most messages."""
+
+
+def gate_cache_subject(names: GateCacheNames, binding: GateCacheBinding) -> str:
+    """``gate cache `self.g_cache``` plus, for a learned name, the call that taught it."""
+    return named_gate_cache(names, binding.name, binding.display)
+
+
+def named_gate_cache(names: GateCacheNames, name: str, display: str | None = None) -> str:
+    """``gate cache `<display>``` plus, for a learned ``name``, the call that taught it."""
+    subject = f"gate cache `{display if display is not None else name}`"
+    learned = names.learned_from(name)
+    if learned is not None:
+        subject += f" ({learned.describe()})"
+    return subject
+
+
+def through(context: FileContext, fact: TensorFact) -> str:
+    """`` through `ring` (line 12)`` when the fact was reached through local tensor bindings."""
+    if not fact.via:
+        return ""
+    names = ", ".join(
+        f"`{binding.name}` (line {context.line_of(binding.node)})" for binding in fact.via
+    )
+    return f" through {names}"
+
+
+def describe_dtype(
+    context: FileContext, expression: cst.CSTNode, facts: Iterable[DtypeFact]
+) -> str:
+    """How a non-literal dtype reads, and where it comes from: ``` `ring_dtype` (line 775:
+    `conv_dtype if spec else ssm_dtype`)```, ``` `dtype`, a parameter```."""
+    described = f"`{one_line(context.module, expression)}`"
+    for fact in facts:
+        if fact.dtype is not None or fact.binding is None:
+            continue
+        binding = fact.binding
+        if binding.kind == "param":
+            return f"{described}, a parameter"
+        if binding.value is not None:
+            line = context.line_of(binding.node)
+            return f"{described} (line {line}: `{one_line(context.module, binding.value, 50)}`)"
+        return described
+    return described
+
+
+def literal_names(dtypes: Iterable[str]) -> str:
+    """``torch.bfloat16 or torch.float16``."""
+    return " or ".join(f"torch.{dtype}" for dtype in dtypes)
+
+
+def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
+    """`` (through `dtype`, line 3)`` for literal dtypes that came through a local variable."""
+    seen: list[str] = []
+    for fact in facts:
+        if fact.binding is not None and fact.dtype is not None:
+            text = f"`{fact.binding.name}`, line {context.line_of(fact.binding.node)}"
+            if text not in seen:
+                seen.append(text)
+    return f" (through {'; '.join(seen)})" if seen else ""

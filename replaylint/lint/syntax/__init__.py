@@ -1,0 +1,1 @@
+"""CST plumbing with no torch knowledge: parse limits, parsing, traversal, positions, nodes."""

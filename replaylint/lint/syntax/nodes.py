@@ -1,0 +1,88 @@
+"""Small questions about libcst nodes that every layer asks: names, keys, arguments, source text.
+
+No torch knowledge and no dataflow: each answer reads one node (and its children) as written.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+
+def dotted_name(node: cst.CSTNode) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+def binding_name(target: cst.BaseExpression) -> str | None:
+    """The name a target binds: ``x`` -> x, ``a.b.x`` -> x, ``d["x"]`` -> x."""
+    if isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Attribute):
+        return target.attr.value
+    if isinstance(target, cst.Subscript):
+        return string_key(target)
+    return None
+
+
+def string_key(subscript: cst.Subscript) -> str | None:
+    """``"x"`` in ``d["x"]``; None for any other subscript."""
+    if len(subscript.slice) != 1:
+        return None
+    index = subscript.slice[0].slice
+    if isinstance(index, cst.Index):
+        return literal_string(index.value)
+    return None
+
+
+def literal_string(node: cst.BaseExpression) -> str | None:
+    """The value of a plain (not f-, not bytes) string literal."""
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def method_name(call: cst.Call) -> str | None:
+    """``x.foo(...)`` -> ``"foo"``."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def keyword_arg(call: cst.Call, keyword: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg
+    return None
+
+
+def positional_args(call: cst.Call) -> list[cst.Arg]:
+    """The arguments passed by position, without ``*args`` and ``**kwargs``."""
+    return [arg for arg in call.args if arg.keyword is None and arg.star == ""]
+
+
+def read_names(node: cst.CSTNode) -> list[cst.Name]:
+    """Names in ``node`` (not keyword names of calls, not attribute names)."""
+    if isinstance(node, cst.Name):
+        return [node]
+    if isinstance(node, cst.Attribute):
+        return read_names(node.value)
+    if isinstance(node, cst.Arg):
+        return read_names(node.value)
+    found: list[cst.Name] = []
+    for child in node.children:
+        found.extend(read_names(child))
+    return found
+
+
+def one_line(module: cst.Module, node: cst.CSTNode, limit: int = 60) -> str:
+    """``node``'s source on one line, shortened to ``limit`` characters (for messages)."""
+    text = " ".join(module.code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
