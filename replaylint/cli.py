@@ -7,9 +7,7 @@ configuration error, or a file that could not be read, parsed or written.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,12 +18,14 @@ from replaylint.lint.config.loading import ConfigError, load_settings, validate_
 from replaylint.lint.config.settings import Settings, apply_selection_layer
 from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.report import RENDERERS
+from replaylint.lint.report.summary import render_statistics, render_summary
 from replaylint.lint.rules.catalogue import RULE_NAMES
-from replaylint.lint.run.batch import default_jobs, lint_many
+from replaylint.lint.run.batch import lint_many
 from replaylint.lint.run.cache import ResultCache
 from replaylint.lint.run.discovery import discover
 from replaylint.lint.run.files import FileProblem, decode_source
 from replaylint.lint.run.one_file import lint_text
+from replaylint.lint.run.workers import default_jobs
 
 if TYPE_CHECKING:
     from replaylint.lint.engine import Linter
@@ -151,61 +151,6 @@ def _mode(args: argparse.Namespace) -> Mode:
     return Mode.FIX if args.fix else Mode.CHECK
 
 
-def _statistics(reports: Sequence[FileReport], output_format: str) -> str:
-    counts = Counter(f.code for r in reports for f in r.findings)
-    fixable = {f.code for r in reports for f in r.findings if r.fixable(f)}
-    rows = [
-        {
-            "code": code,
-            "name": RULE_NAMES[code],
-            "count": count,
-            "fixable": code in fixable,
-        }
-        for code, count in sorted(counts.items())
-    ]
-    if output_format == "json":
-        return json.dumps(rows, indent=2) + "\n"
-    return "".join(
-        f"{row['count']:>5}\t{row['code']}\t{'[*] ' if row['fixable'] else '    '}{row['name']}\n"
-        for row in rows
-    )
-
-
-def _errors(count: int) -> str:
-    return f"{count} error" if count == 1 else f"{count} errors"
-
-
-def _hidden_fixes(count: int) -> str:
-    fixes = "1 hidden fix" if count == 1 else f"{count} hidden fixes"
-    return f"{fixes} can be enabled with the `--unsafe-fixes` option"
-
-
-def _summary(reports: Sequence[FileReport], mode: Mode, unreadable: int) -> str:
-    remaining = sum(len(r.findings) for r in reports)
-    fixed = sum(r.fixed for r in reports)
-    fixable = sum(1 for r in reports for f in r.findings if r.fixable(f))
-    hidden = sum(1 for r in reports for f in r.findings if f.fix is not None and not r.fixable(f))
-    if mode is Mode.DIFF:
-        changed = sum(1 for r in reports if r.changed)
-        files = "1 file" if changed == 1 else f"{changed} files"
-        return f"Would fix {_errors(fixed)} in {files}.\n" if changed else "No fixes to apply.\n"
-    if remaining == 0 and fixed == 0:
-        if unreadable:
-            files = "1 file" if unreadable == 1 else f"{unreadable} files"
-            return f"No findings, but {files} could not be checked (see the errors above).\n"
-        return "All checks passed!\n"
-    if mode is Mode.FIX:
-        text = f"Found {_errors(remaining + fixed)} ({fixed} fixed, {remaining} remaining).\n"
-    else:
-        text = f"Found {_errors(remaining)}.\n"
-        if fixable:
-            text += f"[*] {fixable} fixable with the `--fix` option"
-            text += f" ({_hidden_fixes(hidden)}).\n" if hidden else ".\n"
-    if hidden and not (mode is Mode.CHECK and fixable):
-        text += f"No fixes available ({_hidden_fixes(hidden)}).\n"
-    return text
-
-
 def _report(
     reports: Sequence[FileReport],
     args: argparse.Namespace,
@@ -223,13 +168,13 @@ def _report(
     if mode is Mode.DIFF:
         out.write("".join(r.diff for r in reports))
         if args.output_format == "text":
-            err.write(_summary(reports, mode, unreadable))
+            err.write(render_summary(reports, mode, unreadable))
     elif args.statistics:
-        out.write(_statistics(reports, args.output_format))
+        out.write(render_statistics(reports, args.output_format))
     else:
         out.write(RENDERERS[args.output_format](reports))
         if args.output_format in {"text", "concise"}:
-            out.write(_summary(reports, mode, unreadable))
+            out.write(render_summary(reports, mode, unreadable))
     if any(r.error is not None for r in reports):
         return EXIT_ERROR
     if args.exit_zero:

@@ -14,6 +14,7 @@ from typing import Any
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS, EntryPoint
+from replaylint.lint.rules.catalogue import RULE_NAMES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -187,9 +188,15 @@ def settings_from_table(path: Path, table: dict[str, Any], known_codes: Iterable
 
 
 def load_settings(
-    known_codes: Iterable[str], config: Path | None = None, start: Path | None = None
+    known_codes: Iterable[str] | None = None,
+    config: Path | None = None,
+    start: Path | None = None,
 ) -> Settings:
-    """Settings from ``config`` if given, else from the nearest config file above ``start``."""
+    """Settings from ``config`` if given, else from the nearest config file above ``start``
+    (default: the working directory). ``known_codes`` are the rule codes selectors may name
+    (default: every rule's)."""
+    if known_codes is None:
+        known_codes = RULE_NAMES
     path = config if config is not None else find_config(start or Path.cwd())
     if path is None:
         return Settings(root=Path.cwd().absolute())

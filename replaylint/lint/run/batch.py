@@ -18,10 +18,10 @@ import gc
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, cast
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.learning import entry_point_needles, learn_gate_cache_names
@@ -32,6 +32,7 @@ from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, diges
 from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
 from replaylint.lint.run.one_file import lint_file
+from replaylint.lint.run.workers import can_fork, in_workers, worker_state
 
 if TYPE_CHECKING:
     from replaylint.lint.engine import Linter
@@ -46,15 +47,6 @@ _PARALLEL_MIN_SCANS = 32
 _Learned = tuple[tuple[str, int, str], ...]
 _LintJob = tuple[Discovered, Mode, bool, bool]
 """A file to analyse, the mode, whether unsafe fixes apply, whether to keep its source."""
-_Job = TypeVar("_Job")
-_Result = TypeVar("_Result")
-
-
-def default_jobs() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass
@@ -211,13 +203,10 @@ def _cached_report(
     return report
 
 
-# What a worker process works with (a scanner or a linter), inherited when the pool forks.
-_WORKER_STATE: object = None
-
-
 def _scan_in_worker(job: tuple[str, str]) -> _Scanned | None:
-    assert isinstance(_WORKER_STATE, _Scanner)
-    return _WORKER_STATE.read(*job)
+    state = worker_state()
+    assert isinstance(state, _Scanner)
+    return state.read(*job)
 
 
 def _lint_one(linter: Linter, job: _LintJob) -> FileReport:
@@ -237,44 +226,7 @@ def _lint_one(linter: Linter, job: _LintJob) -> FileReport:
 
 
 def _lint_in_worker(job: _LintJob) -> FileReport:
-    return _lint_one(cast("Linter", _WORKER_STATE), job)
-
-
-def _can_fork() -> bool:
-    import multiprocessing
-
-    return "fork" in multiprocessing.get_all_start_methods()
-
-
-def _in_workers(
-    function: Callable[[_Job], _Result],
-    state: object,
-    jobs: list[_Job],
-    workers: int,
-    chunk: int = 1,
-    meanwhile: Callable[[], object] | None = None,
-) -> list[_Result]:
-    """``function`` over ``jobs`` in ``workers`` forked processes that see ``state``, ``chunk``
-    jobs at a time; results in the order of ``jobs``, whatever the scheduling. ``meanwhile``
-    runs here while the workers work."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    global _WORKER_STATE
-    _WORKER_STATE = state
-    # Objects that exist now (the imported analysis, the state) stay out of the collector's
-    # passes in the workers, which then neither scan them nor copy their pages by touching them.
-    gc.freeze()
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-            results = pool.map(function, jobs, chunksize=chunk)  # forks and submits every job
-            if meanwhile is not None:
-                meanwhile()
-            return list(results)
-    finally:
-        gc.unfreeze()
-        _WORKER_STATE = None
+    return _lint_one(cast("Linter", worker_state()), job)
 
 
 def _import_analysis() -> None:
@@ -291,13 +243,13 @@ def _make_linter(settings: Settings, names: GateCacheNames, prefilter: bool) -> 
 def _run_jobs(
     linter: Linter, jobs: list[_LintJob], sizes: list[int], workers: int
 ) -> list[FileReport]:
-    if workers <= 1 or len(jobs) < 2 or sum(sizes) < _PARALLEL_MIN_BYTES or not _can_fork():
+    if workers <= 1 or len(jobs) < 2 or sum(sizes) < _PARALLEL_MIN_BYTES or not can_fork():
         return [_lint_one(linter, job) for job in jobs]
     # Largest files first, one at a time: a few big files must not end up behind one worker.
     order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
     reports: list[FileReport | None] = [None] * len(jobs)
     for position, report in zip(
-        order, _in_workers(_lint_in_worker, linter, [jobs[i] for i in order], workers), strict=True
+        order, in_workers(_lint_in_worker, linter, [jobs[i] for i in order], workers), strict=True
     ):
         reports[position] = report
     return [report for report in reports if report is not None]
@@ -336,7 +288,7 @@ def _scan(scanner: _Scanner, files: list[_File], jobs: int, *, prepare_analysis:
     """
     if not files:
         return
-    parallel = jobs > 1 and _can_fork()
+    parallel = jobs > 1 and can_fork()
     needles = scanner.needles()
     if needles is not None and len(files) >= _SEARCH_MIN_FILES:
         from shutil import which
@@ -359,7 +311,7 @@ def _scan(scanner: _Scanner, files: list[_File], jobs: int, *, prepare_analysis:
         scans = [(str(info.item.path), _stored_digest(info)) for info in files]
         chunk = max(1, len(scans) // (8 * jobs))  # small jobs: fewer round trips
         meanwhile = _import_analysis if prepare_analysis else None
-        results = _in_workers(_scan_in_worker, scanner, scans, jobs, chunk, meanwhile)
+        results = in_workers(_scan_in_worker, scanner, scans, jobs, chunk, meanwhile)
         for info, scanned in zip(files, results, strict=True):
             _apply(info, scanned)
         return
