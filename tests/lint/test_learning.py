@@ -137,3 +137,33 @@ def test_stdin_learns_from_its_own_text(
     out = capsys.readouterr().out
     assert "RL002" in out
     assert "passed as the gate cache" in out
+
+
+SHARED_POOL = textwrap.dedent(
+    """
+    import torch
+
+    def _ring(shape, dtype):
+        return torch.zeros(shape, dtype=dtype)
+
+    class DecayPool:
+        def __init__(self, shape, dtype):
+            self.delta_ring = _ring(shape, dtype)
+            self.decay_ring = _ring(shape, dtype)
+            for name in ("delta_ring", "decay_ring"):
+                setattr(self, name + "_copy", torch.zeros(shape, dtype=dtype))
+    """
+).lstrip()
+
+
+def test_every_rule_says_which_call_taught_a_learned_name() -> None:
+    linter = Linter(Settings())
+    linter.learn([("pool.py", SHARED_POOL), ("step.py", STEP)])
+    findings = linter.check(SHARED_POOL, "pool.py")
+    by_code = {finding.code: finding.message for finding in findings}
+    assert "RL006" in by_code, findings
+    for code, message in by_code.items():
+        assert "passed as the gate cache of `ops.kda_replayssm_decode` at step.py:4" in message, (
+            code,
+            message,
+        )

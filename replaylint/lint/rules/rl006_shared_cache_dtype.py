@@ -14,7 +14,7 @@ from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Repla
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY
+from replaylint.lint.rules.wording import WHY, named_gate_cache
 from replaylint.lint.syntax.nodes import (
     binding_name,
     keyword_arg,
@@ -287,13 +287,14 @@ targets — the finding says what to change and has no fix.
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):
                     if fact.kind in _REPORTED:
-                        self._report_loop(fact, name, loop, variable, gate_envs)
+                        subject = named_gate_cache(self.context.gate_caches, name)
+                        self._report_loop(fact, subject, loop, variable, gate_envs)
             return
 
     def _report_loop(
         self,
         fact: TensorFact,
-        name: str,
+        subject: str,
         loop: _Loop,
         variable: str | None,
         gate_envs: list[tuple[str, dict[str, str]]],
@@ -312,7 +313,7 @@ targets — the finding says what to change and has no fix.
             )
         self.report(
             fact.node,
-            f"gate cache `{name}` is {_what(fact)} by a {loop.word} over `{iterable}` that gives every "
+            f"{subject} is {_what(fact)} by a {loop.word} over `{iterable}` that gives every "
             f"cache {_shared(self, fact)}; {WHY}",
             fix=None if condition is None else self._conditional_fix(fact, condition),
         )
@@ -340,7 +341,7 @@ targets — the finding says what to change and has no fix.
     def _unpacked(self, target: cst.Tuple | cst.List, value: cst.BaseExpression) -> None:
         """``d, k, g = <comprehension>`` or ``= helper(...)`` returning a tuple."""
         positions = [
-            (index, element.value)
+            (index, element.value, name)
             for index, element in enumerate(target.elements)
             if (name := binding_name(element.value)) is not None
             and self.context.gate_caches.matches(name)
@@ -351,31 +352,34 @@ targets — the finding says what to change and has no fix.
         comprehension = _comprehension_of(value)
         if comprehension is None:
             if isinstance(value, cst.Call):
-                for index, element in positions:
-                    display = self.context.module.code_for_node(element).strip()
-                    self._check_helper(value, display, site, index)
+                for index, element, name in positions:
+                    self._check_helper(value, self._subject(element, name), site, index)
             return
         for_in = comprehension.for_in
         loop = _Loop(for_in.target, for_in.iter, site, "comprehension", for_in.ifs)
         iterations = self._iterations(loop)
-        for index, element in positions:
-            display = self.context.module.code_for_node(element).strip()
+        for index, element, name in positions:
+            subject = self._subject(element, name)
             if iterations is not None and len(iterations) == len(target.elements):
                 env = iterations[index]
                 variable = _condition_variable(for_in.target, [env])
                 for fact in self.provenance.tensor_facts(comprehension.elt, site, env):
                     if fact.kind in _REPORTED:
-                        self._report_loop(fact, display, loop, variable, [(display, env)])
+                        self._report_loop(fact, subject, loop, variable, [(name, env)])
                 continue
             for fact in self.provenance.tensor_facts(comprehension.elt, site):
                 if fact.kind in _REPORTED and id(fact.node) not in self._reported:
                     self._reported.add(id(fact.node))
                     self.report(
                         fact.node,
-                        f"gate cache `{display}` is unpacked from one comprehension that gives "
+                        f"{subject} is unpacked from one comprehension that gives "
                         f"every cache {_shared(self, fact)}; allocate the gate cache on its own "
                         f"line as float32 ({WHY})",
                     )
+
+    def _subject(self, target: cst.BaseExpression, name: str) -> str:
+        display = self.context.module.code_for_node(target).strip()
+        return named_gate_cache(self.context.gate_caches, name, display)
 
     # ------------------------------------------------------------------ helper functions
     def check_binding(self, binding: GateCacheBinding) -> None:
@@ -388,9 +392,9 @@ targets — the finding says what to change and has no fix.
         ):
             value = value.func.value
         if isinstance(value, cst.Call):
-            self._check_helper(value, binding.display, binding.site, None)
+            self._check_helper(value, self.subject(binding), binding.site, None)
 
-    def _check_helper(self, call: cst.Call, display: str, site: Site, position: int | None) -> None:
+    def _check_helper(self, call: cst.Call, subject: str, site: Site, position: int | None) -> None:
         found = self._helper(call, site)
         if found is None:
             return
@@ -424,7 +428,7 @@ targets — the finding says what to change and has no fix.
                     if parameter in names:
                         index = names.index(parameter)
                         self._check_argument(
-                            call, display, site, helper, parameters[index], index, fact, position
+                            call, subject, site, helper, parameters[index], index, fact, position
                         )
                         return
 
@@ -458,7 +462,7 @@ targets — the finding says what to change and has no fix.
     def _check_argument(
         self,
         call: cst.Call,
-        display: str,
+        subject: str,
         site: Site,
         helper: cst.FunctionDef,
         parameter: cst.Param,
@@ -478,7 +482,7 @@ targets — the finding says what to change and has no fix.
             self.context.module, fact.allocation.call if fact.allocation else fact.node
         )
         lead = (
-            f"gate cache `{display}` is allocated by `{helper.name.value}` (line {helper_line}), "
+            f"{subject} is allocated by `{helper.name.value}` (line {helper_line}), "
             f"whose parameter `{name}` is the dtype of `{allocation}` for every cache it makes"
         )
         # Passing float32 is right only when the helper's result is the gate cache alone and the
