@@ -50,7 +50,7 @@ class FileContext:
     def __post_init__(self) -> None:
         self.index = ModuleIndex(self.module, self.gate_caches)
         self.positions = NodePositions(self.module, self.source)
-        self.spelling = Float32Spelling(self.module)
+        self.spelling = Float32Spelling(self.index)
 
     @property
     def provenance(self) -> Provenance:

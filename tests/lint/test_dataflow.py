@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
+from replaylint.lint.model import Applicability
 
 
 def _check(source: str, *codes: str) -> list[tuple[int, str]]:
@@ -159,17 +160,23 @@ def test_reaching_bindings(source: str, expected: list[tuple[int, str]]) -> None
     assert _check(source) == expected
 
 
-def test_unresolved_kwargs_is_reported_without_a_fix() -> None:
+def test_unresolved_kwargs_get_a_dtype_that_overrides_the_mapping() -> None:
     source = """
     import torch
     def f(shape, **factory_kwargs):
         g_cache = torch.zeros(shape, **factory_kwargs)
     """
-    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
-    assert [(f.location.row, f.code, f.fix) for f in findings] == [(3, "RL002", None)]
+    text = textwrap.dedent(source).lstrip("\n")
+    findings = Linter().check(text, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(3, "RL002")]
+    fix = findings[0].fix
+    assert fix is not None
+    assert [edit.content for edit in fix.edits] == ['{**factory_kwargs, "dtype": torch.float32}']
+    fixed = Linter().fix(text, "m.py")
+    assert fixed.remaining == ()
+    assert Linter().check(fixed.source, "m.py") == []
 
-
-def test_a_local_used_elsewhere_is_cast_where_it_becomes_the_gate_cache() -> None:
+def test_a_view_of_a_shared_local_is_reported_without_a_fix() -> None:
     source = """
     import torch
     def f(shape):
@@ -178,12 +185,31 @@ def test_a_local_used_elsewhere_is_cast_where_it_becomes_the_gate_cache() -> Non
         g_cache = ring[1]
         return d_cache, g_cache
     """
-    fixed = _fix(source)
-    # the shared allocation keeps feeding the d ring in bf16; only the gate cache is cast
-    assert "ring = torch.zeros(2, *shape, dtype=torch.bfloat16)" in fixed
-    assert "g_cache = ring[1].to(torch.float32)" in fixed
-    assert _check(fixed) == []
+    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    assert [(f.code, f.fix) for f in findings] == [("RL001", None)]
+    assert "a view of `ring`, which other tensors share" in findings[0].message
+    # a cast would copy the gate cache out of the shared storage: nothing is changed
+    assert _fix(source) == textwrap.dedent(source).lstrip("\n")
 
+
+def test_a_local_used_elsewhere_is_cast_where_it_becomes_the_gate_cache_unsafely() -> None:
+    source = """
+    import torch
+    def f(shape, pool):
+        ring = torch.zeros(*shape, dtype=torch.bfloat16)
+        pool.register(ring)
+        g_cache = ring
+        return g_cache
+    """
+    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    assert [f.code for f in findings] == ["RL001"]
+    fix = findings[0].fix
+    assert fix is not None and fix.applicability is Applicability.UNSAFE
+    text = textwrap.dedent(source).lstrip("\n")
+    fixed = Linter().fix(text, "m.py", unsafe=True).source
+    # the shared allocation keeps feeding its other use in bf16; only the gate cache is cast
+    assert "ring = torch.zeros(*shape, dtype=torch.bfloat16)" in fixed
+    assert "g_cache = ring.to(torch.float32)" in fixed
 
 def test_a_local_used_once_is_fixed_where_it_is_made() -> None:
     source = """

@@ -24,8 +24,9 @@ BF16_GATE = "g_cache = torch.zeros(3, dtype=torch.bfloat16)\n"
 def _all_properties(source: str) -> str | None:
     assert_check_properties(source)
     assert_prefilter_hides_nothing(source)
-    assert_fix_properties(source, unsafe=True)
-    return assert_fix_properties(source)
+    assert_fix_properties(source)
+    # Adding `import torch` to a module that did not import torch is an unsafe fix.
+    return assert_fix_properties(source, unsafe=True)
 
 
 # The pre-filter searched the lower-cased text and used the offsets in the original: "İ" lowers to

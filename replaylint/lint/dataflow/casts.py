@@ -20,6 +20,7 @@ from replaylint.lint.dataflow.facts import (
     Kind,
     SetDtype,
     TensorFact,
+    all_not_floating,
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
@@ -69,6 +70,8 @@ def to_facts(
         facts = prov.dtype_facts(dtype_expr, site, env)
         if all(f.is_float32 for f in facts):
             yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+        elif all_not_floating(facts):
+            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
         else:
             yield TensorFact(
                 Kind.CAST,
@@ -83,6 +86,9 @@ def to_facts(
         other_facts = prov.tensor_facts(other, site, env)
         if prov.all_float32(other_facts):
             yield TensorFact(Kind.FLOAT32, call)
+            return
+        if other_facts and all(f.kind is Kind.NOT_FLOATING for f in other_facts):
+            yield TensorFact(Kind.NOT_FLOATING, call)
             return
         literal = [definite_dtype(f) for f in other_facts]
         dtypes = tuple(DtypeFact(d, other) for d in literal)
@@ -112,11 +118,15 @@ def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterat
         if tensor_type == FLOAT32_TENSOR_TYPE:
             yield TensorFact(Kind.FLOAT32, call)
             return
+        dtypes = (DtypeFact(TENSOR_TYPE_DTYPES.get(tensor_type), target),)
+        if all_not_floating(dtypes):
+            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
+            return
         yield TensorFact(
             Kind.CAST,
             target.attr,
             call=call,
-            dtypes=(DtypeFact(TENSOR_TYPE_DTYPES.get(tensor_type), target),),
+            dtypes=dtypes,
             detail=f"`.type({one_line(prov.index.module, target)})`",
             target=FloatTensorType(target.attr, FLOAT32_TENSOR_TYPE),
         )
@@ -127,11 +137,15 @@ def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterat
             yield TensorFact(Kind.FLOAT32, call)
             return
         replacement = _float_tensor_type(name)
+        dtypes = (DtypeFact(TENSOR_TYPE_DTYPES.get(name.rpartition(".")[2]), target),)
+        if all_not_floating(dtypes):
+            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
+            return
         yield TensorFact(
             Kind.CAST,
             target,
             call=call,
-            dtypes=(DtypeFact(TENSOR_TYPE_DTYPES.get(name.rpartition(".")[2]), target),),
+            dtypes=dtypes,
             detail=f"`.type({name!r})`",
             target=None if replacement is None else FloatTensorType(target, replacement),
         )
@@ -139,6 +153,9 @@ def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterat
     facts = prov.dtype_facts(target, site, env)
     if all(f.is_float32 for f in facts):
         yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+        return
+    if all_not_floating(facts):
+        yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
         return
     yield TensorFact(
         Kind.CAST,

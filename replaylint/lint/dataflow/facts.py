@@ -15,7 +15,7 @@ from typing import Literal
 import libcst as cst
 
 from replaylint.lint.dataflow.scopes import Binding
-from replaylint.lint.dataflow.torch_api import FLOAT32
+from replaylint.lint.dataflow.torch_api import FLOAT32, NON_FLOATING_DTYPES
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class Kind(enum.Enum):
     """Cast to a dtype that is not provably float32."""
     LOADED = "loaded"
     """Loaded from a checkpoint or file without a cast."""
+    NOT_FLOATING = "not-floating"
+    """An integer, bool or complex tensor: an index or a mask, not a log-decay ring."""
     UNKNOWN = "unknown"
 
 
@@ -159,8 +161,13 @@ def definite_dtype(fact: TensorFact) -> str | None:
     """The one literal dtype ``fact`` gives its tensor, if it gives exactly one."""
     if fact.kind is Kind.FLOAT32:
         return FLOAT32
-    if fact.kind in {Kind.EXPLICIT, Kind.CAST}:
+    if fact.kind in {Kind.EXPLICIT, Kind.CAST, Kind.NOT_FLOATING}:
         literals = {d.dtype for d in fact.dtypes}
         if len(literals) == 1 and None not in literals:
             return next(iter(literals))
     return None
+
+
+def all_not_floating(dtypes: tuple[DtypeFact, ...]) -> bool:
+    """Whether every dtype of ``dtypes`` is known and none is floating point."""
+    return bool(dtypes) and all(d.dtype in NON_FLOATING_DTYPES for d in dtypes)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.allocations import literal_dtype, method_receiver
-from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.dataflow.torch_api import (
@@ -49,7 +49,13 @@ def from_numpy_facts(
     if numpy == "float32":
         yield TensorFact(Kind.FLOAT32, call)
     elif numpy == "loaded":
-        yield TensorFact(Kind.LOADED, call, call=call, detail="a numpy array read from a file")
+        yield TensorFact(
+            Kind.LOADED,
+            call,
+            call=call,
+            detail="a numpy array read from a file",
+            target=CastValue(call),
+        )
     else:
         yield TensorFact(Kind.UNKNOWN, call)
 

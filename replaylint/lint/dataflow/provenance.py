@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import libcst as cst
 
@@ -41,9 +40,11 @@ from replaylint.lint.dataflow.facts import (
     OverrideKwargsDtype,
     SetDtype,
     TensorFact,
+    all_not_floating,
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
 from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.dataflow.torch_api import (
@@ -52,6 +53,8 @@ from replaylint.lint.dataflow.torch_api import (
     DTYPE_PRESERVING_METHODS,
     DTYPE_PRESERVING_WRAPPERS,
     FLOAT32,
+    NON_FLOATING_DTYPES,
+    SAFETENSORS_DICT_LOADERS,
     TORCH_LOADERS,
 )
 from replaylint.lint.syntax.nodes import (
@@ -283,7 +286,12 @@ class Provenance:
     def _subscript_facts(self, expr: cst.Subscript, site: Site, env: Env) -> Iterator[TensorFact]:
         key = self._subscript_key(expr, site, env)
         if loads.is_loaded(self, expr.value, site, env):
-            yield TensorFact(Kind.LOADED, expr, detail=loads.describe_load(self.index, expr.value))
+            yield TensorFact(
+                Kind.LOADED,
+                expr,
+                detail=loads.describe_load(self.index, expr.value),
+                target=CastValue(expr),
+            )
             return
         if key is not None:
             if self.index.gate_caches.matches(key):
@@ -312,7 +320,15 @@ class Provenance:
                 yield from self.tensor_facts(data.value, site, env)
                 return
         if names & TORCH_LOADERS:
-            yield TensorFact(Kind.LOADED, call, call=call, detail=loads.loader_name(names))
+            # safetensors returns a dict of tensors; torch.load whatever was saved.
+            container = bool(names & SAFETENSORS_DICT_LOADERS)
+            yield TensorFact(
+                Kind.LOADED,
+                call,
+                call=call,
+                detail=loads.loader_name(names),
+                target=None if container else CastValue(call),
+            )
             return
         if "torch.from_numpy" in names:
             yield from loads.from_numpy_facts(self, call, site, env)
@@ -340,6 +356,8 @@ class Provenance:
             assert isinstance(call.func, cst.Attribute)
             if dtype == FLOAT32:
                 yield TensorFact(Kind.FLOAT32, call, detail="`.float()`")
+            elif dtype in NON_FLOATING_DTYPES:
+                yield TensorFact(Kind.NOT_FLOATING, call, dtypes=(DtypeFact(dtype, call),))
             else:
                 yield TensorFact(
                     Kind.CAST,
@@ -377,12 +395,20 @@ class Provenance:
                     yield fact
             return
         if method == "get_tensor":
-            yield TensorFact(Kind.LOADED, call, call=call, detail="`get_tensor(...)` (safetensors)")
+            yield TensorFact(
+                Kind.LOADED,
+                call,
+                call=call,
+                detail="`get_tensor(...)` (safetensors)",
+                target=CastValue(call),
+            )
             return
         if method == "get" and positional_args(call):
             if loads.is_loaded(self, receiver, site, env):
                 detail = loads.describe_load(self.index, receiver)
-                yield TensorFact(Kind.LOADED, call, call=call, detail=detail)
+                yield TensorFact(
+                    Kind.LOADED, call, call=call, detail=detail, target=CastValue(call)
+                )
                 return
             key = strings.string_value(self, positional_args(call)[0].value, site, env)
             if key is not None and self.index.gate_caches.matches(key):
@@ -401,22 +427,32 @@ class Provenance:
         call = allocation.call
         dtype_arg = allocation.dtype_arg
         if dtype_arg is not None:
-            yield self._dtype_decided(allocation, dtype_arg.value, site, env, via_kwargs=None)
+            yield self._dtype_decided(allocation, ((dtype_arg.value, site),), env)
             return
-        kwargs = [arg for arg in call.args if arg.star == "**"]
-        if kwargs:
-            resolved = self._kwargs_dtype(kwargs[-1].value, site, env)
-            if resolved is None:
-                yield TensorFact(
-                    Kind.VARIABLE,
-                    kwargs[-1].value,
-                    allocation=allocation,
-                    dtypes=(DtypeFact(None, kwargs[-1].value),),
-                    detail="`**` keyword arguments",
+        spreads = [arg.value for arg in call.args if arg.star == "**"]
+        if spreads:
+            passed = spreads_dtype(self, spreads, site, env)
+            mapping = spreads[-1]
+            if isinstance(passed, DtypeEntries):
+                yield self._dtype_decided(
+                    allocation,
+                    passed.values,
+                    env,
+                    via_kwargs=mapping,
+                    overridable=len(spreads) == 1,
                 )
                 return
-            if isinstance(resolved, cst.BaseExpression):
-                yield self._dtype_decided(allocation, resolved, site, env, kwargs[-1].value)
+            if passed is UNKNOWN:
+                yield TensorFact(
+                    Kind.VARIABLE,
+                    mapping,
+                    allocation=allocation,
+                    dtypes=(DtypeFact(None, mapping),),
+                    detail="`**` keyword arguments",
+                    # `{**kw, "dtype": torch.float32}` is float32 whatever kw holds; with two
+                    # spreads the other one may hold a dtype too.
+                    target=OverrideKwargsDtype(mapping) if len(spreads) == 1 else None,
+                )
                 return
         if allocation.kind == "factory":
             yield TensorFact(
@@ -433,8 +469,12 @@ class Provenance:
             source = positional[0].value if positional else None
         else:  # new_*: the receiver's dtype
             source = method_receiver(self.index, call)
-        if source is not None and self.all_float32(self.tensor_facts(source, site, env)):
+        source_facts = self.tensor_facts(source, site, env) if source is not None else ()
+        if self.all_float32(source_facts):
             yield TensorFact(Kind.FLOAT32, call)
+            return
+        if source_facts and all(f.kind is Kind.NOT_FLOATING for f in source_facts):
+            yield TensorFact(Kind.NOT_FLOATING, call, allocation=allocation)
             return
         described = (
             "another tensor" if source is None else f"`{one_line(self.index.module, source)}`"
@@ -451,51 +491,29 @@ class Provenance:
     def _dtype_decided(
         self,
         allocation: Allocation,
-        dtype_expr: cst.BaseExpression,
-        site: Site,
+        candidates: Sequence[tuple[cst.BaseExpression, Site]],
         env: Env,
-        via_kwargs: cst.BaseExpression | None,
+        *,
+        via_kwargs: cst.BaseExpression | None = None,
+        overridable: bool = True,
     ) -> TensorFact:
-        facts = self.dtype_facts(dtype_expr, site, env)
-        node: cst.BaseExpression = via_kwargs if via_kwargs is not None else dtype_expr
-        target: Float32Target = (
-            OverrideKwargsDtype(node) if via_kwargs is not None else SetDtype(node)
+        """The fact for an allocation whose dtype is one of ``candidates``, given directly
+        (``dtype=x``) or through a ``**`` mapping."""
+        facts = tuple(
+            fact for expr, where in candidates for fact in self.dtype_facts(expr, where, env)
         )
+        node: cst.BaseExpression = via_kwargs if via_kwargs is not None else candidates[0][0]
+        target: Float32Target | None = SetDtype(node)
+        if via_kwargs is not None:
+            target = OverrideKwargsDtype(node) if overridable else None
         if all(f.is_float32 for f in facts):
             return TensorFact(Kind.FLOAT32, node, allocation=allocation, dtypes=facts)
+        if all_not_floating(facts):
+            return TensorFact(Kind.NOT_FLOATING, node, allocation=allocation, dtypes=facts)
         kind = (
             Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
-
-    def _kwargs_dtype(
-        self, expr: cst.BaseExpression, site: Site, env: Env
-    ) -> cst.BaseExpression | Literal[False] | None:
-        """The ``dtype`` entry of a ``**kwargs`` dict: the expression, False if absent, None if
-        the dict cannot be read."""
-        mapping: cst.BaseExpression | None = expr
-        if isinstance(expr, cst.Name):
-            found = self.lookup(expr.value, site, env)
-            if not found or len(found) != 1 or found[0][0].kind != "assign":
-                return None
-            mapping = found[0][0].value
-        if isinstance(mapping, cst.Dict):
-            for element in mapping.elements:
-                if not isinstance(element, cst.DictElement):
-                    return None
-                if literal_string(element.key) == "dtype":
-                    return element.value
-            return False
-        if (
-            isinstance(mapping, cst.Call)
-            and isinstance(mapping.func, cst.Name)
-            and mapping.func.value == "dict"
-        ):
-            if any(arg.keyword is None for arg in mapping.args):
-                return None
-            dtype = keyword_arg(mapping, "dtype")
-            return dtype.value if dtype is not None else False
-        return None
 
     def all_float32(self, facts: Sequence[TensorFact]) -> bool:
         return bool(facts) and all(f.kind is Kind.FLOAT32 for f in facts)

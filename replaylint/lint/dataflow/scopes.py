@@ -24,7 +24,7 @@ import libcst as cst
 
 from replaylint.lint.syntax.sites import ScopeNode
 
-__all__ = ["Binding", "Guard", "Scope", "all_params", "build_scope"]
+__all__ = ["Binding", "Guard", "Scope", "all_params", "build_scope", "dominates"]
 
 BindingKind = Literal["assign", "param", "loop", "with", "import", "definition", "other"]
 
@@ -103,7 +103,7 @@ class Scope:
             if not _possible(binding.guards, evaluate_guard):
                 continue
             reaching.append(binding)
-            if _dominates(binding.guards, use_guards, evaluate_guard):
+            if dominates(binding.guards, use_guards, evaluate_guard):
                 break
         reaching.reverse()
         return reaching
@@ -118,8 +118,8 @@ def _possible(guards: Sequence[Guard], evaluate: GuardEvaluator | None) -> bool:
     return True
 
 
-def _dominates(
-    binding: Sequence[Guard], use: Sequence[Guard], evaluate: GuardEvaluator | None
+def dominates(
+    binding: Sequence[Guard], use: Sequence[Guard], evaluate: GuardEvaluator | None = None
 ) -> bool:
     """Every path to the use runs the binding: its blocks enclose the use, or are known taken."""
     shared = 0

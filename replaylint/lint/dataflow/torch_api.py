@@ -48,6 +48,14 @@ _TORCH_DTYPE_ALIASES: dict[str, str] = {
     "qint32": "qint32",
 }
 
+# Dtypes that are not floating point: a tensor of one of them (an index, a mask, a complex
+# buffer) is not a log-decay ring, whatever its name.
+NON_FLOATING_DTYPES: frozenset[str] = frozenset(
+    canonical
+    for canonical in _TORCH_DTYPE_ALIASES.values()
+    if canonical.startswith(("int", "uint", "bool", "complex", "qint", "quint"))
+)
+
 # Tensor methods that cast to a fixed dtype, e.g. ``x.half()``.
 CAST_METHODS: dict[str, str] = {
     "float": "float32",
@@ -123,6 +131,8 @@ TORCH_LOADERS = frozenset(
         "safetensors.torch.load",
     }
 )
+# safetensors' loaders always return a dict of tensors, never one tensor.
+SAFETENSORS_DICT_LOADERS = frozenset({"safetensors.torch.load_file", "safetensors.torch.load"})
 NUMPY_LOADERS = frozenset(
     {
         "numpy.load",

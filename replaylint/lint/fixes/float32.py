@@ -2,11 +2,13 @@
 
 The analysis says *what* would make a tensor float32 (a
 :data:`~replaylint.lint.dataflow.facts.Float32Target`); this module says how that reads in this
-module's source: ``torch.float32`` with the module's own alias for torch (``th.float32``), plus
-``import torch`` when the module has no module-level binding of it.
+module's source: ``torch.float32`` spelled with a name bound to torch where the fix goes
+(``th.float32``), plus ``import torch`` when no such name is bound there.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import libcst as cst
 
@@ -20,48 +22,79 @@ from replaylint.lint.dataflow.facts import (
     OverrideKwargsDtype,
     SetDtype,
 )
+from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.scopes import Binding, Scope
 from replaylint.lint.fixes.drafts import AddModuleImport, EditDraft, InsertAfter, Replace
-from replaylint.lint.syntax.nodes import dotted_name, one_line
+from replaylint.lint.syntax.nodes import dotted_name, literal_string
+from replaylint.lint.syntax.sites import Site
+
+
+@dataclass(frozen=True)
+class TorchSpelling:
+    """How ``torch.<attribute>`` is written at one site, and what writing it needs."""
+
+    prefix: str
+    """The name bound to the torch module there (``torch``, ``th``)."""
+    imports: tuple[EditDraft, ...] = ()
+    """``import torch`` when nothing at the site is bound to torch."""
+    safe: bool = True
+    """False when the added import makes a module need torch that did not need it to import."""
+
+    def attribute(self, name: str) -> str:
+        return f"{self.prefix}.{name}"
+
+
+Float32Edits = tuple[tuple[EditDraft, ...], bool]
+"""The edits of a fix and whether they are safe (see :attr:`TorchSpelling.safe`)."""
 
 
 class Float32Spelling:
-    """How one module spells ``torch.<attribute>``, and the edits that make values float32."""
+    """How one module spells ``torch.float32`` at a site, and the edits that make values float32.
 
-    def __init__(self, module: cst.Module) -> None:
-        self.module = module
-        self._torch_alias: tuple[str, bool] | None = None
+    The spelling uses a name bound to the torch module *at that site*: a function's own
+    ``import torch``, a module-level import anywhere at module level (``try: import torch``,
+    ``torch = pytest.importorskip("torch")``), never one under ``if TYPE_CHECKING:`` and never an
+    alias that the site's function rebinds (``import torch as t`` then ``for t in ...``). With no
+    such name it adds ``import torch`` at the top: safe when the module already imports torch
+    unconditionally in another form (``from torch import zeros``), unsafe otherwise (the module
+    would need torch to import).
+    """
 
-    def torch_attribute(self, attribute: str) -> tuple[str, tuple[EditDraft, ...]]:
-        """Spell ``torch.<attribute>`` with the module's own alias for ``torch``.
+    def __init__(self, index: ModuleIndex) -> None:
+        self.index = index
+        self.module = index.module
+        self._at: dict[tuple[int, ...], TorchSpelling | None] = {}
 
-        Returns the spelling and the edits it needs: ``import torch`` when the module has no
-        module-level binding of torch (``from torch import zeros`` alone, say).
-        """
-        if self._torch_alias is None:
-            self._torch_alias = _find_torch_alias(self.module)
-        alias, present = self._torch_alias
-        edits: tuple[EditDraft, ...] = () if present else (AddModuleImport("torch"),)
-        return f"{alias}.{attribute}", edits
+    def torch_at(self, site: Site) -> TorchSpelling | None:
+        """How ``torch`` is spelled at ``site``; None when no spelling can be made to work there
+        (the name ``torch`` itself is rebound and no alias is bound)."""
+        key = tuple(id(scope) for scope in site.scopes)
+        if key not in self._at:
+            self._at[key] = self._torch_at(site)
+        return self._at[key]
 
-    @property
-    def float32(self) -> str:
-        """``torch.float32`` as this module spells it."""
-        return self.torch_attribute("float32")[0]
+    def float32_at(self, site: Site) -> str:
+        """``torch.float32`` as a message should show it at ``site``."""
+        spelling = self.torch_at(site)
+        return spelling.attribute("float32") if spelling is not None else "torch.float32"
 
-    def edits_for(self, target: Float32Target) -> tuple[EditDraft, ...] | None:
-        """The edits that make ``target`` produce float32, or None when there is no safe way."""
-        spelling, import_edits = self.torch_attribute("float32")
+    def edits_for(self, target: Float32Target, site: Site) -> Float32Edits | None:
+        """The edits that make ``target`` produce float32, or None when there is no way."""
         edit: EditDraft
-        if isinstance(target, SetDtype):
-            edit = Replace(target.node, spelling)
-        elif isinstance(target, CastMethodToFloat):  # no torch spelling needed
-            return (Replace(target.node, "float"),)
-        elif isinstance(target, FloatTensorType):
+        if isinstance(target, CastMethodToFloat):  # no torch spelling needed
+            return (Replace(target.node, "float"),), True
+        if isinstance(target, FloatTensorType):
             node = target.node
             if isinstance(node, cst.SimpleString):
                 quote = node.value[0]
-                return (Replace(node, f"{quote}{target.float_type}{quote}"),)
-            return (Replace(node, target.float_type),)
+                return (Replace(node, f"{quote}{target.float_type}{quote}"),), True
+            return (Replace(node, target.float_type),), True
+        torch = self.torch_at(site)
+        if torch is None:
+            return None
+        spelling = torch.attribute("float32")
+        if isinstance(target, SetDtype):
+            edit = Replace(target.node, spelling)
         elif isinstance(target, DeviceOfOther):  # the Arg, parentheses included
             other = target.node.value
             if not isinstance(other, (cst.Name, cst.Attribute, cst.Subscript)):
@@ -69,7 +102,8 @@ class Float32Spelling:
             other_code = self.module.code_for_node(other)
             edit = Replace(target.node, f"{other_code}.device, {spelling}")
         elif isinstance(target, OverrideKwargsDtype):
-            mapping = one_line(self.module, target.node)
+            # A later key wins: float32 whatever the mapping holds.
+            mapping = self.module.code_for_node(target.node)
             edit = Replace(target.node, f'{{**{mapping}, "dtype": {spelling}}}')
         elif isinstance(target, CastValue):
             edit = InsertAfter(target.node, f".to({spelling})")
@@ -78,32 +112,113 @@ class Float32Spelling:
             if not target.node.args:
                 return None
             edit = InsertAfter(target.node.args[-1], f", dtype={spelling}")
-        return (edit, *import_edits)
+        return (edit, *torch.imports), torch.safe
 
-    def cast_at(self, value: cst.BaseExpression) -> tuple[EditDraft, ...]:
+    def cast_at(self, value: cst.BaseExpression, site: Site) -> Float32Edits | None:
         """``<value>.to(torch.float32)``, parenthesised when ``value`` is not a primary."""
-        spelling, import_edits = self.torch_attribute("float32")
+        torch = self.torch_at(site)
+        if torch is None:
+            return None
+        spelling = torch.attribute("float32")
         edit: EditDraft
         if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)):
             edit = InsertAfter(value, f".to({spelling})")
         else:
             edit = Replace(value, f"({self.module.code_for_node(value)}).to({spelling})")
-        return (edit, *import_edits)
+        return (edit, *torch.imports), torch.safe
+
+    # ------------------------------------------------------------------ finding the name
+    def _torch_at(self, site: Site) -> TorchSpelling | None:
+        scopes = [
+            scope
+            for position, scope in enumerate(site.scopes)
+            if not isinstance(scope, cst.ClassDef) or position == len(site.scopes) - 1
+        ]
+        for depth in range(len(scopes) - 1, -1, -1):
+            scope = self.index.scope(scopes[depth])
+            for alias in _torch_aliases(scope):
+                if not any(
+                    alias in self.index.scope(inner).bindings for inner in scopes[depth + 1 :]
+                ):
+                    return TorchSpelling(alias)
+        if any(_binds(self.index.scope(scope), "torch") for scope in scopes):
+            return None  # `torch` means something else here: an added import would not help
+        module_scope = self.index.scope(self.module)
+        return TorchSpelling(
+            "torch", (AddModuleImport("torch"),), safe=_imports_torch_unconditionally(module_scope)
+        )
 
 
-def _find_torch_alias(module: cst.Module) -> tuple[str, bool]:
-    """The name a module-level ``import torch[...] [as x]`` binds, or ("torch", False)."""
-    for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if not isinstance(small, cst.Import):
+def _torch_aliases(scope: Scope) -> list[str]:
+    """Names this scope binds to the torch module at run time, and to nothing else."""
+    aliases = []
+    for name, bindings in scope.bindings.items():
+        runtime = [b for b in bindings if not _type_checking_only(b)]
+        if runtime and all(_is_torch_module(b) for b in runtime):
+            aliases.append(name)
+    return sorted(aliases, key=lambda name: (name != "torch", name))
+
+
+def _binds(scope: Scope, name: str) -> bool:
+    return any(not _type_checking_only(b) for b in scope.bindings.get(name, ()))
+
+
+def _is_torch_module(binding: Binding) -> bool:
+    node = binding.node
+    if binding.kind == "import" and isinstance(node, cst.ImportAlias):
+        dotted = dotted_name(node.name) or ""
+        if node.asname is not None:
+            return dotted == "torch"
+        return dotted == "torch" or dotted.startswith("torch.")  # `import torch.nn` binds torch
+    if binding.kind == "assign" and isinstance(binding.value, cst.Call):
+        # torch = pytest.importorskip("torch") / importlib.import_module("torch")
+        called = dotted_name(binding.value.func) or ""
+        args = binding.value.args
+        return (
+            called.rpartition(".")[2] in {"importorskip", "import_module", "__import__"}
+            and len(args) >= 1
+            and literal_string(args[0].value) == "torch"
+        )
+    if binding.kind == "assign" and isinstance(binding.value, cst.Name):
+        return binding.value.value == "None"  # except ImportError: torch = None
+    return False
+
+
+def _type_checking_only(binding: Binding) -> bool:
+    return any(
+        guard.polarity
+        and guard.test is not None
+        and (dotted_name(guard.test) or "").rpartition(".")[2] == "TYPE_CHECKING"
+        for guard in binding.guards
+    )
+
+
+def _imports_torch_unconditionally(module_scope: Scope) -> bool:
+    """Whether importing the module already imports torch: a top-level, unguarded import of
+    torch or of a name from it."""
+    for bindings in module_scope.bindings.values():
+        for binding in bindings:
+            if binding.kind != "import" or binding.guards:
                 continue
-            for alias in small.names:
-                dotted = dotted_name(alias.name) or ""
-                if alias.asname is not None:
-                    if dotted == "torch" and isinstance(alias.asname.name, cst.Name):
-                        return alias.asname.name.value, True
-                elif dotted == "torch" or dotted.startswith("torch."):
-                    return "torch", True
-    return "torch", False
+            statement = binding.statement
+            if isinstance(statement, cst.SimpleStatementLine) and _statement_imports_torch(
+                statement
+            ):
+                return True
+    return False
+
+
+def _statement_imports_torch(statement: cst.SimpleStatementLine) -> bool:
+    for small in statement.body:
+        if isinstance(small, cst.Import) and any(
+            (dotted_name(alias.name) or "").partition(".")[0] == "torch" for alias in small.names
+        ):
+            return True
+        if (
+            isinstance(small, cst.ImportFrom)
+            and not small.relative
+            and small.module is not None
+            and (dotted_name(small.module) or "").partition(".")[0] == "torch"
+        ):
+            return True
+    return False

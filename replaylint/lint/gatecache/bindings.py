@@ -39,6 +39,9 @@ class GateCacheBinding:
     statement: cst.CSTNode
     site: Site
     """Where ``value`` is evaluated (for following local bindings)."""
+    shared_with: tuple[str, ...] = ()
+    """Other targets that receive the same value (``d_cache = g_cache = torch.zeros(...)``):
+    changing the value's dtype would change theirs too."""
 
 
 BindingReceiver = Callable[[GateCacheBinding], None]
@@ -59,6 +62,7 @@ class BindingWalker(Visitor):
         self.receivers = tuple(receivers)
         self._scopes: list[ScopeNode] = [module]
         self._statements: list[cst.CSTNode] = []
+        self._walrus_shared: dict[int, tuple[str, ...]] = {}
 
     def site(self) -> Site:
         """Where the traversal is: the enclosing scopes and the innermost statement."""
@@ -142,7 +146,11 @@ class BindingWalker(Visitor):
 
     # ----------------------------------------------------------------- binding spellings
     def _bind(
-        self, target: cst.BaseExpression, value: cst.BaseExpression, stmt: cst.CSTNode
+        self,
+        target: cst.BaseExpression,
+        value: cst.BaseExpression,
+        stmt: cst.CSTNode,
+        shared_with: tuple[str, ...] = (),
     ) -> None:
         if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
             targets = [element.value for element in target.elements]
@@ -156,18 +164,32 @@ class BindingWalker(Visitor):
         name = binding_name(target)
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
-            self._found(GateCacheBinding(name, display, value, stmt, self.site()))
+            self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value, node)
+        targets = [target.target for target in node.targets]
+        for target in targets:
+            self._bind(target, node.value, node, self._other_caches(targets, target))
+        if isinstance(node.value, cst.NamedExpr):  # d_cache = (g_cache := torch.zeros(...))
+            self._walrus_shared[id(node.value)] = self._other_caches(targets, None)
+
+    def _other_caches(
+        self, targets: Sequence[cst.BaseExpression], target: cst.BaseExpression | None
+    ) -> tuple[str, ...]:
+        """The targets other than ``target`` that are not gate caches, as written."""
+        return tuple(
+            self.module.code_for_node(other).strip()
+            for other in targets
+            if other is not target
+            and not ((name := binding_name(other)) is not None and self.names.matches(name))
+        )
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None:
             self._bind(node.target, node.value, node)
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target, node.value, node)
+        self._bind(node.target, node.value, node, self._walrus_shared.pop(id(node), ()))
 
     def visit_Dict(self, node: cst.Dict) -> None:
         for element in node.elements:

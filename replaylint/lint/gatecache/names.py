@@ -45,13 +45,10 @@ class GateCacheNames:
         learned: Mapping[str, LearnedFrom] | None = None,
     ) -> None:
         self.patterns: tuple[str, ...] = tuple(patterns)
-        alternatives = []
-        for pattern in self.patterns:
-            body = fnmatch.translate(pattern.lower().lstrip("_"))
-            # fnmatch.translate yields "(?s:...)\Z"; allow an optional plural "s" before the end.
-            core = body[: -len(r"\Z")]
-            alternatives.append(f"(?:{core}s?)")
-        self._regex = re.compile("|".join(alternatives) or "(?!)")
+        # fnmatch.translate yields "(?s:...)\Z"; the plural allows an "s" before the end.
+        cores = [fnmatch.translate(p.lower().lstrip("_"))[: -len(r"\Z")] for p in self.patterns]
+        self._regex = re.compile("|".join(f"(?:{core}s?)" for core in cores) or "(?!)")
+        self._singular = re.compile("|".join(f"(?:{core})" for core in cores) or "(?!)")
         self.learned: dict[str, LearnedFrom] = dict(learned or {})
 
     def with_learned(self, learned: Mapping[str, LearnedFrom]) -> GateCacheNames:
@@ -62,6 +59,15 @@ class GateCacheNames:
 
     def matches(self, name: str) -> bool:
         return self._regex.fullmatch(name.lower().lstrip("_")) is not None or name in self.learned
+
+    def is_plural(self, name: str) -> bool:
+        """Whether ``name`` matches only as a plural (``g_caches``: a collection of rings)."""
+        core = name.lower().lstrip("_")
+        return (
+            core.endswith("s")
+            and self._singular.fullmatch(core) is None
+            and self._singular.fullmatch(core[:-1]) is not None
+        )
 
     def learned_from(self, name: str) -> LearnedFrom | None:
         """The call that taught ``name``, if it is a gate cache only because it was learned."""

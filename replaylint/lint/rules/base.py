@@ -21,7 +21,8 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import CastValue, Float32Target, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
-from replaylint.lint.fixes.drafts import EditDraft, FixDraft
+from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.fixes.float32 import Float32Edits
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.catalogue import rule_identity, rule_url
@@ -131,9 +132,9 @@ class Rule(Visitor):
     def subject(self, binding: GateCacheBinding) -> str:
         return gate_cache_subject(self.context.gate_caches, binding)
 
-    def float32(self) -> str:
-        """``torch.float32`` as this module spells it."""
-        return self.context.spelling.float32
+    def float32(self, site: Site | None = None) -> str:
+        """``torch.float32`` as this module spells it at ``site`` (default: where we are)."""
+        return self.context.spelling.float32_at(site or self.site())
 
     def fix_for(
         self,
@@ -145,25 +146,51 @@ class Rule(Visitor):
     ) -> FixDraft | None:
         """The fix for ``fact`` found at ``binding``; ``{float32}`` in ``message`` is spelled.
 
-        A fact reached through a local that is read elsewhere too (``ring = ...`` used for more
-        than this gate cache) is not fixed where the local is made — that would change its other
-        uses — but by a cast where it becomes the gate cache. Every such cast of one binding is
-        the same edit, so several findings on one binding do not stack casts.
+        Withheld (None; :meth:`withheld` says why) when the value is shared: bound to another
+        cache in the same statement, or a view of a local that other tensors use. A fact reached
+        through a local that is read elsewhere too (``ring = ...`` used for more than this gate
+        cache) is not fixed where the local is made — that would change its other uses — but by
+        a cast where it becomes the gate cache; that cast makes a copy, so the gate cache stops
+        sharing storage with the local's other uses, and the fix is unsafe. Every such cast of
+        one binding is the same edit, so several findings on one binding do not stack casts.
         """
+        if self.withheld(binding, fact):
+            return None
         spelling = self.context.spelling
+        site = binding.site
+        made: Float32Edits | None
         if fact.via and not all(self.context.index.read_once(b) for b in fact.via):
-            return FixDraft(
-                f"Cast it to {self.float32()} where it becomes the gate cache",
-                spelling.cast_at(binding.value),
-                applicability,
-            )
-        if target is None:
+            made = spelling.cast_at(binding.value, site)
+            message = "Cast it to {float32} where it becomes the gate cache"
+            applicability = Applicability.UNSAFE
+        elif target is None:
             return None
-        edits: tuple[EditDraft, ...] | None
-        if isinstance(target, CastValue) and target.node is binding.value:
-            edits = spelling.cast_at(binding.value)
+        elif isinstance(target, CastValue) and target.node is binding.value:
+            made = spelling.cast_at(binding.value, site)
         else:
-            edits = spelling.edits_for(target)
-        if edits is None:
+            made = spelling.edits_for(target, site)
+        if made is None:
             return None
-        return FixDraft(message.format(float32=self.float32()), edits, applicability)
+        edits, safe = made
+        return FixDraft(
+            message.format(float32=self.float32(site)),
+            edits,
+            applicability if safe else Applicability.UNSAFE,
+        )
+
+    def withheld(self, binding: GateCacheBinding, fact: TensorFact) -> str:
+        """Why no fix is offered for ``fact`` (a clause for the message), or ``""``."""
+        if binding.shared_with:
+            others = ", ".join(f"`{other}`" for other in binding.shared_with)
+            return (
+                f"; the same tensor is bound to {others}, which a dtype change would change too: "
+                "allocate the gate cache on its own"
+            )
+        if fact.via and fact.uses and fact.uses[0] is not binding.value:
+            local = fact.via[0]
+            if not self.context.index.read_once(local):
+                return (
+                    f"; it is a view of `{local.name}`, which other tensors share, and a cast would "
+                    "copy it out of that storage: allocate the gate cache on its own"
+                )
+        return ""

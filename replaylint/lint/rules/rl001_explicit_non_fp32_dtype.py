@@ -179,7 +179,7 @@ reader of the cache either expects float32 or casts.
             origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)
             self.report(
                 fact.node,
-                f"{self.subject(binding)} is allocated as {dtypes}{origin}; {WHY}",
+                f"{self.subject(binding)} is allocated as {dtypes}{origin}; {WHY}{self.withheld(binding, fact)}",
                 fix=self.fix_for(
                     binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
                 ),

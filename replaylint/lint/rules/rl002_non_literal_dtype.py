@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, describe_dtype, through
+from replaylint.lint.rules.wording import WHY, describe_dtype, is_spread, through
 
 
 class NonLiteralDtype(Rule):
@@ -200,13 +200,15 @@ deliberately keeps a float64 gate ring for a reference computation should say so
         for fact in self.facts(binding):
             if fact.kind is not Kind.VARIABLE:
                 continue
-            source = describe_dtype(self.context, fact.node, fact.dtypes)
+            source = describe_dtype(
+                self.context, fact.node, fact.dtypes, through_mapping=is_spread(fact)
+            )
             fix = self.fix_for(
                 binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
             self.report(
                 fact.node,
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
-                f"float32{through(self.context, fact)}; {WHY}",
+                f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )

@@ -182,4 +182,8 @@ time.
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"
                 action = "Allocate it with dtype={float32}"
             fix = self.fix_for(binding, fact, fact.target, action, Applicability.SAFE)
-            self.report(fact.node, f"{message}{through(self.context, fact)}; {WHY}", fix=fix)
+            self.report(
+                fact.node,
+                f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
+                fix=fix,
+            )

@@ -151,6 +151,6 @@ changes the device type); rewrite it as `.to(other.device, torch.float32)`.
             self.report(
                 fact.node,
                 f"{self.subject(binding)} is cast to {target} by {fact.detail}"
-                f"{through(self.context, fact)}; {WHY}",
+                f"{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaylint.lint.dataflow.facts import CastValue, Kind
+from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -165,14 +165,22 @@ loaded value — device, shape, layout — changes.
         for fact in self.facts(binding):
             if fact.kind is not Kind.LOADED:
                 continue
+            # A dict (safetensors) or a per-layer list (a plural name) has no `.to`.
+            container = fact.target is None or self.context.gate_caches.is_plural(binding.name)
+            note = (
+                "; it holds several tensors, so cast each one "
+                "(`{k: v.float() for k, v in loaded.items()}`, `[g.float() for g in loaded]`)"
+                if container and not self.withheld(binding, fact)
+                else ""
+            )
             self.report(
                 fact.node,
                 f"{self.subject(binding)} is loaded from {fact.detail} without a cast to float32"
-                f"{through(self.context, fact)}; it keeps the dtype it was saved with, and {WHY}",
+                f"{through(self.context, fact)}; it keeps the dtype it was saved with, and {WHY}{self.withheld(binding, fact)}{note}",
                 fix=self.fix_for(
                     binding,
                     fact,
-                    CastValue(fact.node),
+                    None if container else fact.target,
                     "Cast it with .to({float32})",
                     Applicability.SAFE,
                 ),

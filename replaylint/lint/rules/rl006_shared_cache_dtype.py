@@ -11,12 +11,14 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import AddDtypeArgument, DtypeFact, Kind, SetDtype, TensorFact
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
+from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, named_gate_cache
 from replaylint.lint.syntax.nodes import (
     binding_name,
+    comprehension_in,
     keyword_arg,
     method_name,
     one_line,
@@ -26,7 +28,6 @@ from replaylint.lint.syntax.nodes import (
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
 _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST})
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp)
 
 
 @dataclass
@@ -320,7 +321,10 @@ targets — the finding says what to change and has no fix.
 
     def _conditional_fix(self, fact: TensorFact, condition: str) -> FixDraft | None:
         target = fact.target
-        spelling, imports = self.context.spelling.torch_attribute("float32")
+        torch = self.context.spelling.torch_at(self.site())
+        if torch is None:
+            return None
+        spelling, imports = torch.attribute("float32"), torch.imports
         edit: EditDraft
         if isinstance(target, SetDtype):
             original = one_line(self.context.module, target.node, 10_000)
@@ -334,7 +338,7 @@ targets — the finding says what to change and has no fix.
         else:
             return None
         return FixDraft(
-            f"Use {spelling} for the gate cache only", (edit, *imports), Applicability.SAFE
+            f"Use {spelling} for the gate cache only", (edit, *imports), _applicability(torch)
         )
 
     # ------------------------------------------------------- several targets, one dtype
@@ -349,7 +353,7 @@ targets — the finding says what to change and has no fix.
         if not positions:
             return
         site = self.site()
-        comprehension = _comprehension_of(value)
+        comprehension = comprehension_in(value)
         if comprehension is None:
             if isinstance(value, cst.Call):
                 for index, element, name in positions:
@@ -409,7 +413,7 @@ targets — the finding says what to change and has no fix.
             if returned is None:
                 continue
             if position is not None:
-                comprehension = _comprehension_of(returned)
+                comprehension = comprehension_in(returned)
                 if comprehension is not None:
                     returned = comprehension.elt
                 elif isinstance(returned, (cst.Tuple, cst.List)) and position < len(
@@ -487,8 +491,11 @@ targets — the finding says what to change and has no fix.
         )
         # Passing float32 is right only when the helper's result is the gate cache alone and the
         # parameter serves nothing else.
-        single_use = position is None and _uses(helper, name) == 1
-        spelling, imports = self.context.spelling.torch_attribute("float32")
+        torch = self.context.spelling.torch_at(site)
+        single_use = position is None and _uses(helper, name) == 1 and torch is not None
+        spelling = self.float32(site)
+        imports = torch.imports if torch is not None else ()
+        applicability = _applicability(torch)
         if argument is not None:
             facts = self.provenance.dtype_facts(argument.value, site)
             if all(f.is_float32 for f in facts):
@@ -498,7 +505,7 @@ targets — the finding says what to change and has no fix.
                 FixDraft(
                     f"Pass {spelling} for `{name}`",
                     (Replace(argument.value, spelling), *imports),
-                    Applicability.SAFE,
+                    applicability,
                 )
                 if single_use
                 else None
@@ -520,7 +527,7 @@ targets — the finding says what to change and has no fix.
             fix = FixDraft(
                 f"Pass {name}={spelling}",
                 (InsertAfter(call.args[-1], f", {name}={spelling}"), *imports),
-                Applicability.SAFE,
+                applicability,
             )
         self.report(
             call,
@@ -528,6 +535,11 @@ targets — the finding says what to change and has no fix.
             f"`{one_line(self.context.module, parameter.default)}`, which is not float32; {WHY}",
             fix=fix,
         )
+
+
+def _applicability(torch: TorchSpelling | None) -> Applicability:
+    """Safe, unless spelling float32 needs an import the module did not need before."""
+    return Applicability.SAFE if torch is None or torch.safe else Applicability.UNSAFE
 
 
 def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str:
@@ -545,24 +557,6 @@ def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str
 def _may_allocate(value: cst.BaseExpression) -> bool:
     """Cheap syntactic filter before any dataflow: only calls and conditionals can be reported."""
     return isinstance(value, (cst.Call, cst.IfExp))
-
-
-def _comprehension_of(
-    value: cst.BaseExpression,
-) -> cst.ListComp | cst.SetComp | cst.GeneratorExp | None:
-    if isinstance(value, _COMPREHENSIONS):
-        return value
-    if (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Name)
-        and value.func.value in {"tuple", "list"}
-        and len(value.args) == 1
-        and isinstance(value.args[0].value, _COMPREHENSIONS)
-    ):
-        inner = value.args[0].value
-        assert isinstance(inner, _COMPREHENSIONS)
-        return inner
-    return None
 
 
 def _condition_variable(key: cst.BaseExpression, envs: list[dict[str, str]]) -> str | None:

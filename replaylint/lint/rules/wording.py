@@ -41,14 +41,22 @@ def through(context: FileContext, fact: TensorFact) -> str:
 
 
 def describe_dtype(
-    context: FileContext, expression: cst.CSTNode, facts: Iterable[DtypeFact]
+    context: FileContext,
+    expression: cst.CSTNode,
+    facts: Iterable[DtypeFact],
+    *,
+    through_mapping: bool = False,
 ) -> str:
     """How a non-literal dtype reads, and where it comes from: ``` `ring_dtype` (line 775:
-    `conv_dtype if spec else ssm_dtype`)```, ``` `dtype`, a parameter```."""
+    `conv_dtype if spec else ssm_dtype`)```, ``` `dtype`, a parameter```, and for a ``**``
+    mapping (``through_mapping``) ``` `factory_kwargs`, whose `dtype` entry is `dtype`, a
+    parameter```."""
     described = f"`{one_line(context.module, expression)}`"
     for fact in facts:
         if fact.dtype is not None or fact.binding is None:
             continue
+        if through_mapping and fact.node is not expression:
+            described += f", whose `dtype` entry is `{one_line(context.module, fact.node)}`"
         binding = fact.binding
         if binding.kind == "param":
             return f"{described}, a parameter"
@@ -73,3 +81,11 @@ def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
             if text not in seen:
                 seen.append(text)
     return f" (through {'; '.join(seen)})" if seen else ""
+
+
+def is_spread(fact: TensorFact) -> bool:
+    """Whether ``fact`` is about the ``**`` mapping an allocation takes its dtype from."""
+    allocation = fact.allocation
+    return allocation is not None and any(
+        arg.star == "**" and arg.value is fact.node for arg in allocation.call.args
+    )

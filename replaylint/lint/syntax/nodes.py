@@ -86,3 +86,22 @@ def one_line(module: cst.Module, node: cst.CSTNode, limit: int = 60) -> str:
     """``node``'s source on one line, shortened to ``limit`` characters (for messages)."""
     text = " ".join(module.code_for_node(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+Comprehension = cst.ListComp | cst.SetComp | cst.GeneratorExp
+
+
+def comprehension_in(value: cst.BaseExpression) -> Comprehension | None:
+    """The comprehension ``value`` is, directly or wrapped in ``tuple(...)`` / ``list(...)``."""
+    if isinstance(value, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        return value
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value in {"tuple", "list"}
+        and len(value.args) == 1
+    ):
+        inner = value.args[0].value
+        if isinstance(inner, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+            return inner
+    return None
