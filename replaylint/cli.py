@@ -22,9 +22,9 @@ from replaylint.lint.report.summary import render_statistics, render_summary
 from replaylint.lint.rules.catalogue import RULE_NAMES
 from replaylint.lint.run.batch import lint_many
 from replaylint.lint.run.cache import ResultCache
-from replaylint.lint.run.discovery import discover
 from replaylint.lint.run.files import FileProblem, decode_source
 from replaylint.lint.run.one_file import lint_text
+from replaylint.lint.run.projects import plan_projects
 from replaylint.lint.run.workers import default_jobs
 
 if TYPE_CHECKING:
@@ -241,27 +241,43 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         if args.paths:
             raise UsageError("--stdin-filename needs `-` as the only path")
         reading_stdin = True
-    start = Path(args.stdin_filename).parent if args.stdin_filename else paths[0]
-    settings = _settings(args, start if reading_stdin else paths[0])
     mode = _mode(args)
     if reading_stdin:
         from replaylint.lint.engine import Linter
 
+        start = Path(args.stdin_filename).parent if args.stdin_filename else Path(".")
+        settings = _settings(args, start)
         return _stdin(args, settings, Linter(settings), mode, out, err)
-    files, errors = discover(paths, settings, force_exclude=args.force_exclude)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    cache = None if args.no_cache else ResultCache(settings.root, _configuration_key(settings))
-    reports = lint_many(
-        settings,
-        files,
-        mode,
-        unsafe=args.unsafe_fixes,
-        cache=cache,
-        jobs=args.jobs or default_jobs(),
-        # Only the text format shows source lines.
-        keep_sources=args.output_format == "text" and not args.statistics and mode is not Mode.DIFF,
+    # Each file follows its nearest configuration; each project learns from all its files.
+    projects, errors = plan_projects(
+        paths,
+        lambda start: _settings(args, start),
+        config=args.config,
+        force_exclude=args.force_exclude,
     )
+    reports = []
+    for project in projects:
+        cache = (
+            None
+            if args.no_cache
+            else ResultCache(project.settings.root, _configuration_key(project.settings))
+        )
+        reports += lint_many(
+            project.settings,
+            project.files,
+            mode,
+            unsafe=args.unsafe_fixes,
+            cache=cache,
+            jobs=args.jobs or default_jobs(),
+            # Only the text format shows source lines.
+            keep_sources=args.output_format == "text"
+            and not args.statistics
+            and mode is not Mode.DIFF,
+            learn_from=project.learning_files(),
+        )
+    reports.sort(key=lambda report: report.filename)
     for message in errors:
         err.write(f"error: {message}\n")
     status = _report(reports, args, mode, out, err, unusable_paths=len(errors))

@@ -176,6 +176,7 @@ def test_unresolved_kwargs_get_a_dtype_that_overrides_the_mapping() -> None:
     assert fixed.remaining == ()
     assert Linter().check(fixed.source, "m.py") == []
 
+
 def test_a_view_of_a_shared_local_is_reported_without_a_fix() -> None:
     source = """
     import torch
@@ -204,12 +205,14 @@ def test_a_local_used_elsewhere_is_cast_where_it_becomes_the_gate_cache_unsafely
     findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
     assert [f.code for f in findings] == ["RL001"]
     fix = findings[0].fix
-    assert fix is not None and fix.applicability is Applicability.UNSAFE
+    assert fix is not None
+    assert fix.applicability is Applicability.UNSAFE
     text = textwrap.dedent(source).lstrip("\n")
     fixed = Linter().fix(text, "m.py", unsafe=True).source
     # the shared allocation keeps feeding its other use in bf16; only the gate cache is cast
     assert "ring = torch.zeros(*shape, dtype=torch.bfloat16)" in fixed
     assert "g_cache = ring.to(torch.float32)" in fixed
+
 
 def test_a_local_used_once_is_fixed_where_it_is_made() -> None:
     source = """

@@ -299,16 +299,16 @@ def test_file_deleted_between_discovery_and_reading(
 ) -> None:
     (project / "gone.py").write_bytes(BUGGY)
     (project / "good.py").write_bytes(BUGGY)
-    from replaylint import cli as cli_module
+    from replaylint.lint.run import projects
 
-    discover = cli_module.discover
+    discover = projects.discover
 
     def discover_then_delete(*args: Any, **kwargs: Any) -> Any:
         found = discover(*args, **kwargs)
-        (project / "gone.py").unlink()
+        (project / "gone.py").unlink(missing_ok=True)
         return found
 
-    monkeypatch.setattr(cli_module, "discover", discover_then_delete)
+    monkeypatch.setattr(projects, "discover", discover_then_delete)
     done = cli("--select", "RL001", ".")
     assert done.returncode == 2
     assert done.stderr == (

@@ -25,6 +25,8 @@ class ModuleIndex:
         self._imports: ImportTable | None = None
         self._scopes: dict[int, Scope] = {}
         self._reads: dict[tuple[int, str], int] = {}
+        self._calls: dict[str, list[cst.Call]] | None = None
+        self._classes: list[cst.ClassDef] | None = None
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
@@ -65,3 +67,40 @@ class ModuleIndex:
             total = sum(1 for n in read_names(binding.scope) if n.value == binding.name)
             count = self._reads[key] = total - written
         return count == 1
+
+    def calls_named(self, name: str) -> list[cst.Call]:
+        """Every call in the module whose callee's last name is ``name`` (``f(...)``,
+        ``self.f(...)``, ``mod.f(...)``), in source order."""
+        if self._calls is None:
+            self._collect()
+        assert self._calls is not None
+        return self._calls.get(name, [])
+
+    def classes(self) -> list[cst.ClassDef]:
+        """Every class defined in the module, nested ones included."""
+        if self._classes is None:
+            self._collect()
+        assert self._classes is not None
+        return self._classes
+
+    def _collect(self) -> None:
+        calls: dict[str, list[cst.Call]] = {}
+        classes: list[cst.ClassDef] = []
+        stack: list[cst.CSTNode] = [self.module]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, cst.Call):
+                func = node.func
+                name = (
+                    func.value
+                    if isinstance(func, cst.Name)
+                    else func.attr.value
+                    if isinstance(func, cst.Attribute)
+                    else None
+                )
+                if name is not None:
+                    calls.setdefault(name, []).append(node)
+            elif isinstance(node, cst.ClassDef):
+                classes.append(node)
+            stack.extend(reversed(node.children))
+        self._calls, self._classes = calls, classes

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from replaylint.lint.dataflow import casts, loads, strings
+from replaylint.lint.dataflow import casts, loads, members, strings
 from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, method_receiver
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
@@ -46,7 +46,7 @@ from replaylint.lint.dataflow.facts import (
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
-from replaylint.lint.dataflow.strings import NO_ENV, Env
+from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration, bound_in
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     DTYPE_PRESERVING_ATTRIBUTES,
@@ -78,8 +78,8 @@ class Provenance:
 
     index: ModuleIndex
     _depth: int = field(default=0)
-    _memo: dict[tuple[int, int, tuple[tuple[str, str], ...]], tuple[TensorFact, ...]] = field(
-        default_factory=dict
+    _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
+        field(default_factory=dict)
     )
 
     # ------------------------------------------------------------------ strings and loops
@@ -93,7 +93,7 @@ class Provenance:
 
     def iterations(
         self, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
-    ) -> list[dict[str, str]] | None:
+    ) -> list[Iteration] | None:
         """Per iteration of ``for <target> in <iterable>``, the loop variables' known strings."""
         return strings.iterations(self, target, iterable, site)
 
@@ -141,6 +141,9 @@ class Provenance:
             self.leave()
 
     def _dtype_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> tuple[DtypeFact, ...]:
+        bound = bound_in(env, expr)
+        if bound is not None:  # a loop variable: what it holds in this iteration
+            return self.dtype_facts(bound.expr, bound.site, env)
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:
@@ -158,6 +161,12 @@ class Provenance:
             facts: list[DtypeFact] = []
             for binding, binding_site in found:
                 if binding.kind == "param":
+                    # A default no caller overrides decides the dtype only when it proves
+                    # float32; otherwise the parameter stays what callers make of it.
+                    default = members.parameter_default(self, binding, env)
+                    if default is not None and all(f.is_float32 for f in default):
+                        facts.extend(DtypeFact(f.dtype, f.node, binding) for f in default)
+                        continue
                     facts.append(DtypeFact(None, expr, binding, parameter=binding.name))
                 elif binding.kind == "assign" and binding.value is not None:
                     for fact in self.dtype_facts(binding.value, binding_site, env):
@@ -170,13 +179,27 @@ class Provenance:
             dtypes = [definite_dtype(fact) for fact in tensor]
             if tensor and all(d is not None for d in dtypes):
                 return tuple(DtypeFact(d, expr) for d in dtypes)
+        if isinstance(expr, cst.Attribute):
+            # A class constant, field or property proves float32, or the attribute stays unknown
+            # (an instance may carry another value than the class default).
+            member = members.attribute_dtype(self, expr, env)
+            if member is not None and all(f.is_float32 for f in member):
+                return member
             return (DtypeFact(None, expr),)
+        if isinstance(expr, cst.Call) and "torch.get_default_dtype" in self.index.qualified_names(
+            expr.func
+        ):
+            default = members.default_dtype(self, env)
+            return default if default is not None else (DtypeFact(None, expr),)
         if isinstance(expr, cst.Subscript):
             mapping, mapping_site = self._dict_literal(expr.value, site, env)
             if mapping is not None:
                 entry = self._dict_entry(mapping, expr, site, env)
                 if entry is not None:
                     return self.dtype_facts(entry, mapping_site, env)
+            element = self._sequence_entry(expr, site, env)
+            if element is not None:
+                return self.dtype_facts(element[0], element[1], env)
         return (DtypeFact(None, expr),)
 
     def _dict_literal(
@@ -185,6 +208,9 @@ class Provenance:
         """A dict literal, directly or through a local or module constant bound once."""
         if isinstance(expr, cst.Dict):
             return expr, site
+        bound = bound_in(env, expr)
+        if bound is not None:  # `spec` in `for name, spec in SPECS.items()`
+            return self._dict_literal(bound.expr, bound.site, env)
         if isinstance(expr, cst.Name):
             found = self.lookup(expr.value, site, env)
             if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):
@@ -204,6 +230,35 @@ class Provenance:
             if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
                 return element.value
         return None
+
+    def _sequence_entry(
+        self, subscript: cst.Subscript, site: Site, env: Env
+    ) -> tuple[cst.BaseExpression, Site] | None:
+        """``DTYPES[i]`` for a literal tuple or list and an index known in this iteration."""
+        if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+            return None
+        index = subscript.slice[0].slice.value
+        bound = bound_in(env, index)
+        if bound is not None:
+            index = bound.expr
+        if not isinstance(index, cst.Integer):
+            return None
+        sequence, where = subscript.value, site
+        bound = bound_in(env, sequence)
+        if bound is not None:
+            sequence, where = bound.expr, bound.site
+        elif isinstance(sequence, cst.Name):
+            found = self.lookup(sequence.value, site, env)
+            if not found or len(found) != 1 or found[0][0].value is None:
+                return None
+            sequence, where = found[0][0].value, found[0][1]
+        if not isinstance(sequence, (cst.Tuple, cst.List)):
+            return None
+        elements = sequence.elements
+        position = int(index.value, 0)
+        if any(isinstance(e, cst.StarredElement) for e in elements) or position >= len(elements):
+            return None
+        return elements[position].value, where
 
     def tensor_facts(
         self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
@@ -232,6 +287,10 @@ class Provenance:
             return
         if isinstance(expr, cst.Name):
             if expr.value == "None":
+                return
+            bound = bound_in(env, expr)
+            if bound is not None:  # a loop variable: what it holds in this iteration
+                yield from self.tensor_facts(bound.expr, bound.site, env)
                 return
             yield from self._name_facts(expr, site, env)
             return

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -19,9 +20,31 @@ from replaylint.lint.syntax.sites import Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-Env = Mapping[str, str]
-"""Loop variables and the string each holds in the iteration being evaluated."""
+
+@dataclass(frozen=True)
+class Bound:
+    """A loop variable bound to an expression that is not a known string in one iteration
+    (``dt`` in ``for name, dt in zip(NAMES, DTYPES)``), evaluated where it was written."""
+
+    expr: cst.BaseExpression
+    site: Site
+
+
+Env = Mapping[str, "str | Bound"]
+"""Loop variables and what each holds in the iteration being evaluated."""
 NO_ENV: Env = {}
+Iteration = dict[str, "str | Bound"]
+"""What each loop variable holds in one iteration of a loop over a literal collection."""
+
+
+def bound_in(env: Env, expr: cst.BaseExpression) -> Bound | None:
+    """What the loop variable ``expr`` is bound to in ``env``, if it is one bound to an
+    expression."""
+    if isinstance(expr, cst.Name):
+        value = env.get(expr.value)
+        if isinstance(value, Bound):
+            return value
+    return None
 
 
 def string_value(
@@ -32,7 +55,15 @@ def string_value(
         return literal_string(expr)
     if isinstance(expr, cst.Name):
         if expr.value in env:
-            return env[expr.value]
+            value = env[expr.value]
+            if not isinstance(value, Bound):
+                return value
+            if not prov.enter():
+                return None
+            try:
+                return string_value(prov, value.expr, value.site, env)
+            finally:
+                prov.leave()
         # Looked up without ``env``: pruning branches by conditions would evaluate more
         # strings, and a condition on the name itself would never end.
         found = prov.lookup(expr.value, site)
@@ -53,10 +84,10 @@ def string_value(
             elif isinstance(part, cst.FormattedStringExpression) and (
                 part.format_spec is None and part.conversion is None
             ):
-                value = string_value(prov, part.expression, site, env)
-                if value is None:
+                text = string_value(prov, part.expression, site, env)
+                if text is None:
                     return None
-                parts.append(value)
+                parts.append(text)
             else:
                 return None
         return "".join(parts)
@@ -148,16 +179,16 @@ def _string_options(
 
 def iterations(
     prov: Provenance, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
-) -> list[dict[str, str]] | None:
+) -> list[Iteration] | None:
     """For ``for <target> in <iterable>`` over a literal collection (directly, through a
     constant, ``.items()``, ``zip``, ``enumerate``): per iteration, the loop variables that
     hold a known string. None when the iterable is not a literal collection."""
     items = _literal_items(prov, iterable, site, 0)
     if items is None:
         return None
-    result: list[dict[str, str]] = []
+    result: list[Iteration] = []
     for item, item_site in items:
-        env: dict[str, str] = {}
+        env: Iteration = {}
         _match(prov, target, item, item_site, env)
         result.append(env)
     return result
@@ -232,12 +263,11 @@ def _match(
     target: cst.BaseExpression,
     item: cst.BaseExpression,
     site: Site,
-    env: dict[str, str],
+    env: Iteration,
 ) -> None:
     if isinstance(target, cst.Name):
         value = string_value(prov, item, site)
-        if value is not None:
-            env[target.value] = value
+        env[target.value] = value if value is not None else Bound(item, site)
     elif (
         isinstance(target, (cst.Tuple, cst.List))
         and isinstance(item, (cst.Tuple, cst.List))

@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, binding_lines, literal_names, through
+from replaylint.lint.rules.wording import FIX_SAFETY, WHY, binding_lines, literal_names, through
 
 
 class ExplicitNonFp32Dtype(Rule):
@@ -30,12 +30,15 @@ The dtype is followed through local bindings in the function: `ring_dtype = torc
 then `dtype=ring_dtype` is an explicit bf16 allocation, reported here (a non-literal dtype is
 RL002's, so an allocation never gets both codes); a conditional with a bf16 branch is reported.
 """
-    FIX = """\
+    FIX = (
+        """\
 Replaces the dtype with `torch.float32`, spelled with the module's own alias for torch (`th.float32`
 after `import torch as th`; `import torch` is added when the module has no binding for it). The fix
 is **safe**: it changes only the gate cache's dtype, which the kernel requires to be float32; every
 reader of the cache either expects float32 or casts.
 """
+        + FIX_SAFETY
+    )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
@@ -84,6 +87,14 @@ reader of the cache either expects float32 or casts.
                 # a local bound to float32 resolves to float32
                 dtype = torch.float32
                 return {"g_cache": torch.zeros(shape, dtype=dtype, device=device)}
+            """
+        ),
+        Valid(
+            """
+            import torch
+            # integer and bool tensors are indices and masks, not log-decay rings
+            gate_cache = torch.zeros(tokens, top_k, dtype=torch.long)
+            expert_gate_cache = torch.zeros(tokens, dtype=torch.bool)
             """
         ),
     )

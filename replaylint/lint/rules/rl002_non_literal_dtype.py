@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, describe_dtype, is_spread, through
+from replaylint.lint.rules.wording import FIX_SAFETY, WHY, describe_dtype, is_spread, through
 
 
 class NonLiteralDtype(Rule):
@@ -26,7 +26,8 @@ the model just drifts. This rule follows the dtype inside the function: a local 
 tensor known to be float32 is fine. A local bound to a literal such as `torch.bfloat16` is
 reported by RL001 instead (it is then an explicit dtype), so one allocation never gets both codes.
 """
-    FIX = """\
+    FIX = (
+        """\
 Replaces the dtype expression with `torch.float32` (spelled with the module's alias for torch;
 `import torch` is added when missing). The fix is **safe**, in the same sense as RL001's: it
 changes the gate cache's dtype and nothing else. The expression it replaces only chose that dtype —
@@ -36,6 +37,8 @@ rejects any other. If the value was float32 at run time already, nothing changes
 deliberately keeps a float64 gate ring for a reference computation should say so with
 `# noqa: RL002`.)
 """
+        + FIX_SAFETY
+    )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
@@ -87,6 +90,44 @@ deliberately keeps a float64 gate ring for a reference computation should say so
             def restore(self, g_cache):
                 # copying into an existing float32 gate cache casts on the way in
                 self.g_cache.copy_(g_cache)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from dataclasses import dataclass
+
+            @dataclass(frozen=True)
+            class RingConfig:
+                slots: int
+                gate_dtype: torch.dtype = torch.float32
+
+            class Pool:
+                GATE_DTYPE = torch.float32
+
+                def __init__(self, config: RingConfig, shape):
+                    # a class constant and a config field default, both float32
+                    self.g_cache = torch.zeros(shape, dtype=self.GATE_DTYPE)
+                    self.replayssm_g = torch.zeros(shape, dtype=config.gate_dtype)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def _gate_ring(shape, dtype=torch.float32):
+                # no call in the module passes a dtype: the default holds
+                return {"g_cache": torch.zeros(shape, dtype=dtype)}
+
+            def build(shape):
+                return _gate_ring(shape)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            torch.set_default_dtype(torch.float32)
+            g_cache = torch.zeros(4, 16, dtype=torch.get_default_dtype())
             """
         ),
     )
@@ -193,6 +234,27 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                     self.g_caches = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
             """,
             message_contains="`self.dtype`",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def build(shape, device, dtype):
+                factory_kwargs = {"device": device}
+                factory_kwargs["dtype"] = dtype
+                g_cache = torch.empty(shape, **factory_kwargs)
+                return g_cache
+            """,
+            expected_fix="""
+            import torch
+
+            def build(shape, device, dtype):
+                factory_kwargs = {"device": device}
+                factory_kwargs["dtype"] = dtype
+                g_cache = torch.empty(shape, **{**factory_kwargs, "dtype": torch.float32})
+                return g_cache
+            """,
+            message_contains="`factory_kwargs`, whose `dtype` entry is `dtype`, a parameter",
         ),
     )
 

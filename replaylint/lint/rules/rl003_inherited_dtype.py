@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import CastValue, Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, through
+from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 
 
 class InheritedDtype(Rule):
@@ -30,13 +30,16 @@ dtype. The code looks correct in a float32 unit test and is bf16 in production.
 Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
 allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
 """
-    FIX = """\
+    FIX = (
+        """\
 Adds `dtype=torch.float32` to the allocation (spelled with the module's alias for torch; `import
 torch` is added when missing); for `x.clone()` it appends `.to(torch.float32)`. The fix is
 **safe**: it removes nothing — every argument stays — and it only pins the gate cache's dtype to
 the one the kernel requires. When the inherited dtype was float32 already, nothing changes at run
 time.
 """
+        + FIX_SAFETY
+    )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (

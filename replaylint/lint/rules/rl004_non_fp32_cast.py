@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, literal_names, through
+from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
 
 
 class NonFp32Cast(Rule):
@@ -24,7 +24,8 @@ or matching another tensor (`.to(d_cache)`, `.type_as(k_cache)`, which take that
 `.to(device)`, `.to("cuda", non_blocking=True)`, `.float()` and `.to(torch.float32)` are fine, and
 so is `.to(other)` when `other` is known to be float32 (another gate cache).
 """
-    FIX = """\
+    FIX = (
+        """\
 Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.double()` become
 `.float()`, a dtype argument (`.to(torch.bfloat16)`, `.to(device, dtype=model_dtype)`,
 `.type(torch.half)`) becomes `torch.float32`, `.type("torch.cuda.HalfTensor")` becomes
@@ -34,6 +35,8 @@ only its dtype changes, to the one the kernel requires; the device, `non_blockin
 dtype variable itself are untouched for every other use. `.type_as(other)` has no fix (it also
 changes the device type); rewrite it as `.to(other.device, torch.float32)`.
 """
+        + FIX_SAFETY
+    )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (

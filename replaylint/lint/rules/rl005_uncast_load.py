@@ -6,7 +6,7 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, through
+from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 
 
 class UncastLoad(Rule):
@@ -27,12 +27,15 @@ container was loaded or is a parameter named like a state dict or checkpoint, an
 load followed by `.float()` / `.to(torch.float32)` / `.to(dtype=torch.float32)`. A dict that is
 merely passed around (`kwargs.get("replayssm_g")`) is not a checkpoint.
 """
-    FIX = """\
+    FIX = (
+        """\
 Appends `.to(torch.float32)` to the loaded tensor (spelled with the module's alias for torch;
 `import torch` is added when missing). The fix is **safe**: upcasting bf16 or fp16 to float32 is
 exact, a float32 tensor is returned as is (no copy, same object), and nothing else about the
 loaded value — device, shape, layout — changes.
 """
+        + FIX_SAFETY
+    )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
@@ -158,6 +161,17 @@ loaded value — device, shape, layout — changes.
             import torch
             g_cache = torch.load("g_cache.pt").to(torch.float32)
             """,
+        ),
+        Invalid(
+            """
+            from safetensors.torch import load_file
+
+            def restore(path):
+                g_cache = load_file(path)  # a dict of tensors
+                return g_cache
+            """,
+            expected_fix=None,
+            message_contains="cast each one",
         ),
     )
 

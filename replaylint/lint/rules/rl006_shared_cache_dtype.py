@@ -9,7 +9,9 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import AddDtypeArgument, DtypeFact, Kind, SetDtype, TensorFact
+from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import all_params
+from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
 from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -25,7 +27,7 @@ from replaylint.lint.syntax.nodes import (
     positional_args,
     read_names,
 )
-from replaylint.lint.syntax.sites import ScopeNode, Site
+from replaylint.lint.syntax.sites import Site
 
 _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST})
 
@@ -37,7 +39,7 @@ class _Loop:
     site: Site
     word: str = "loop"
     ifs: Sequence[cst.CompIf] = ()
-    _iterations: list[dict[str, str]] | None = None
+    _iterations: list[Iteration] | None = None
     _computed: bool = False
 
 
@@ -115,6 +117,20 @@ targets — the finding says what to change and has no fix.
             for name in ("d_cache", "k_cache"):
                 setattr(pool, name, torch.zeros(shape, dtype=model_dtype))
             pool.g_cache = torch.zeros(shape, dtype=torch.float32)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            NAMES = ("d_cache", "k_cache", "g_cache")
+            DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32)
+
+            class Rings(torch.nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    # a dtype per iteration: the gate cache's is float32
+                    for name, dtype in zip(NAMES, DTYPES):
+                        self.register_buffer(name, torch.zeros(shape, dtype=dtype))
             """
         ),
     )
@@ -258,7 +274,7 @@ targets — the finding says what to change and has no fix.
         loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(for_in.target, node.elt, [loop])
 
-    def _iterations(self, loop: _Loop) -> list[dict[str, str]] | None:
+    def _iterations(self, loop: _Loop) -> list[Iteration] | None:
         if not loop._computed:
             loop._computed = True
             loop._iterations = self.provenance.iterations(loop.target, loop.iterable, loop.site)
@@ -298,7 +314,7 @@ targets — the finding says what to change and has no fix.
         subject: str,
         loop: _Loop,
         variable: str | None,
-        gate_envs: list[tuple[str, dict[str, str]]],
+        gate_envs: list[tuple[str, Iteration]],
     ) -> None:
         if id(fact.node) in self._reported:
             return
@@ -306,7 +322,7 @@ targets — the finding says what to change and has no fix.
         iterable = one_line(self.context.module, loop.iterable)
         condition = None
         if variable is not None:
-            values = sorted({env[variable] for _, env in gate_envs})
+            values = sorted({str(env[variable]) for _, env in gate_envs})
             condition = (
                 f"{variable} == {_quote(values[0])}"
                 if len(values) == 1
@@ -399,7 +415,7 @@ targets — the finding says what to change and has no fix.
             self._check_helper(value, self.subject(binding), binding.site, None)
 
     def _check_helper(self, call: cst.Call, subject: str, site: Site, position: int | None) -> None:
-        found = self._helper(call, site)
+        found = called_function(self.context.index, self.provenance, call, site)
         if found is None:
             return
         helper, helper_scopes, bound = found
@@ -435,33 +451,6 @@ targets — the finding says what to change and has no fix.
                             call, subject, site, helper, parameters[index], index, fact, position
                         )
                         return
-
-    def _helper(
-        self, call: cst.Call, site: Site
-    ) -> tuple[cst.FunctionDef, tuple[ScopeNode, ...], bool] | None:
-        func = call.func
-        if isinstance(func, cst.Name):
-            for binding, binding_site in self.provenance.lookup(func.value, site) or ():
-                if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
-                    return binding.node, (*binding_site.scopes, binding.node), False
-            return None
-        if (
-            isinstance(func, cst.Attribute)
-            and isinstance(func.value, cst.Name)
-            and func.value.value in {"self", "cls"}
-        ):
-            owner = site.enclosing_class()
-            if owner is None:
-                return None
-            for binding in self.context.scope(owner).bindings.get(func.attr.value, ()):
-                if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
-                    static = any(
-                        isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
-                        for d in binding.node.decorators
-                    )
-                    class_index = site.scopes.index(owner)
-                    return binding.node, (*site.scopes[: class_index + 1], binding.node), not static
-        return None
 
     def _check_argument(
         self,
@@ -559,10 +548,10 @@ def _may_allocate(value: cst.BaseExpression) -> bool:
     return isinstance(value, (cst.Call, cst.IfExp))
 
 
-def _condition_variable(key: cst.BaseExpression, envs: list[dict[str, str]]) -> str | None:
+def _condition_variable(key: cst.BaseExpression, envs: list[Iteration]) -> str | None:
     """The one loop variable the cache name depends on (``name``, ``kind``), if there is one."""
     used = {node.value for node in read_names(key)}
-    candidates = [v for v in used if all(v in env for env in envs)]
+    candidates = [v for v in used if all(isinstance(env.get(v), str) for env in envs)]
     return candidates[0] if len(candidates) == 1 else None
 
 

@@ -12,6 +12,25 @@ from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import one_line
 
+FIX_SAFETY = """
+**When the fix is safe, unsafe or withheld.** The fix above is offered as safe when it changes
+nothing but the gate cache's dtype. It is **unsafe** (applied only with `--unsafe-fixes`) when
+the value reaches the gate cache through a local that is also read elsewhere (`ring = ...;
+self.g_cache = ring; register(ring)`): the fix then casts where the value becomes the gate cache,
+and the cast copies, so the gate cache stops sharing storage with the local's other uses; and when
+spelling `torch.float32` needs an `import torch` in a module that does not import torch
+unconditionally (only under `if TYPE_CHECKING:`, or nowhere at module level), because the module
+would then need torch to import. `torch.float32` is spelled with a name bound to torch where the fix
+goes: a function's own `import torch`, an optional import (`try: import torch`), `torch =
+pytest.importorskip("torch")`, never an alias the function rebinds (`import torch as t` then `for t
+in ...`). The fix is **withheld** (the finding says what to change instead) when the same value is
+bound to another cache in the statement (`d_cache = g_cache = torch.zeros(...)`, the walrus form),
+or when the gate cache is a view of a buffer that other tensors share (`self.g_cache = buf[1]`),
+where a cast would copy it out of the pool. Integer, bool and complex tensors are never reported:
+a log-decay ring is floating point, whatever a tensor's name.
+"""
+"""The fix-safety conditions every gate-cache binding rule shares (rules/base.py: fix_for)."""
+
 WHY = "gate caches hold log-decays that are summed and exponentiated, so they must be float32"
 """Why a gate cache must be float32, closing most messages."""
 

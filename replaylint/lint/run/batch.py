@@ -58,6 +58,7 @@ class _File:
     """The absolute path: the file's key in the result cache."""
     size: int
     mtime_ns: int
+    ctime_ns: int
     stored: StoredFile | None = None
     """The cache's entry, when it describes the file's current content."""
     digest: str = ""
@@ -70,15 +71,16 @@ class _File:
     """Read (or ruled out by the tree search) in this run."""
 
 
-def _regular_file(path: str) -> tuple[int, int] | None:
-    """Size and mtime of a regular file; None for anything else (a FIFO must not be read here)."""
+def _regular_file(path: str) -> tuple[int, int, int] | None:
+    """Size, mtime and ctime of a regular file; None for anything else (a FIFO must not be read
+    here)."""
     try:
         status = os.stat(path)
     except OSError:
         return None
     if not stat.S_ISREG(status.st_mode):
         return None
-    return status.st_size, status.st_mtime_ns
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
 def _learn(settings: Settings, filename: str, raw: bytes) -> _Learned:
@@ -269,15 +271,21 @@ def _stat_and_look_up(items: Sequence[Discovered], cache: ResultCache | None) ->
             stored = cache.lookup(info.key)
             if stored is not None:
                 info.stored = stored
-                if (stored.size, stored.mtime_ns) == status:
+                if _stamp(stored) == status:
                     info.digest, info.learned = stored.digest, stored.learned
         known[item.path] = info
     return known
 
 
+def _stamp(entry: StoredFile) -> tuple[int, int, int]:
+    return entry.size, entry.mtime_ns, entry.ctime_ns
+
+
 def _unchanged(info: _File) -> bool:
+    """Whether the cache's entry surely describes the file: same size, mtime and ctime. A tree
+    restored with its mtimes has new ctimes, so its files are read and their digests compared."""
     stored = info.stored
-    return stored is not None and (stored.size, stored.mtime_ns) == (info.size, info.mtime_ns)
+    return stored is not None and _stamp(stored) == (info.size, info.mtime_ns, info.ctime_ns)
 
 
 def _scan(scanner: _Scanner, files: list[_File], jobs: int, *, prepare_analysis: bool) -> None:
@@ -366,26 +374,33 @@ def lint_many(
     jobs: int = 1,
     prefilter: bool = True,
     keep_sources: bool = True,
+    learn_from: Sequence[Discovered] = (),
 ) -> list[FileReport]:
     """Lint ``items``; reports in the order of ``items``.
 
     ``keep_sources=False`` leaves ``FileReport.source`` unset (only the text format shows source
     lines): a run over a large tree with many findings then does not hold the whole tree's text.
+    ``learn_from`` are more files (the rest of the project) whose decode calls teach gate-cache
+    names; they are read only when the cache does not know them, and not linted.
     """
     names = GateCacheNames(settings.gate_cache_patterns)
     scanner = _Scanner(settings, Relevance(names, settings.entry_points), digests=cache is not None)
-    known = _stat_and_look_up(items, cache)
+    linted = {item.path for item in items}
+    extra = [item for item in learn_from if item.path not in linted]
+    teachers = sorted([*items, *extra], key=lambda item: str(item.path))
+    known = _stat_and_look_up(teachers, cache)
     unseen = [info for info in known.values() if not _unchanged(info)]
     _scan(scanner, unseen, jobs, prepare_analysis=len(unseen) >= _SEARCH_MIN_FILES)
     for info in unseen:
         if not info.scanned:
             del known[info.item.path]  # unreadable: the analysis reports it
 
-    merged = _merge_learned(items, known, names)
+    merged = _merge_learned(teachers, known, names)
     if merged:
         names = names.with_learned(merged)
         scanner.relevance = Relevance(names, settings.entry_points)
-        _rescan_for_learned_names(scanner, [f for f in known.values() if f.scanned], names, jobs)
+        rescan = [f for f in known.values() if f.scanned and f.item.path in linted]
+        _rescan_for_learned_names(scanner, rescan, names, jobs)
     learned_key = _learned_key(names)
 
     reports: dict[Path, FileReport] = {}
@@ -430,14 +445,35 @@ def lint_many(
             reports[item.path] = report
             if cache is not None and mode is not Mode.DIFF:
                 _remember(cache, settings, item, report, known.get(item.path), learned_key)
-    if cache is not None and mode is not Mode.DIFF:
-        cache.save()
+    if cache is not None:
+        for item in extra:  # remember what the rest of the project teaches
+            teacher = known.get(item.path)
+            if (
+                teacher is not None
+                and teacher.scanned
+                and teacher.stored is None
+                and teacher.digest
+            ):
+                cache.put(teacher.key, _learned_entry(teacher))
+        if mode is not Mode.DIFF:
+            cache.save()
     return [reports[item.path] for item in items]
+
+
+def _learned_entry(info: _File) -> CachedFile:
+    """An entry for a file read only to learn from: its names, no results."""
+    return CachedFile(info.size, info.mtime_ns, info.digest, info.learned, "", None, info.ctime_ns)
 
 
 def _entry(info: _File, learned_key: str, findings: Sequence[Finding]) -> CachedFile:
     return CachedFile(
-        info.size, info.mtime_ns, info.digest, info.learned, learned_key, tuple(findings)
+        info.size,
+        info.mtime_ns,
+        info.digest,
+        info.learned,
+        learned_key,
+        tuple(findings),
+        info.ctime_ns,
     )
 
 
@@ -462,7 +498,11 @@ def _remember(
         content, learned = digest(raw), _learn(settings, name, raw)
     else:
         assert info is not None
-        if (info.size, info.mtime_ns) != (status.st_size, status.st_mtime_ns):
+        if (info.size, info.mtime_ns, info.ctime_ns) != (
+            status.st_size,
+            status.st_mtime_ns,
+            status.st_ctime_ns,
+        ):
             return  # changed while we ran: do not vouch for it
         content, learned = info.digest, info.learned
     cache.put(
@@ -474,5 +514,6 @@ def _remember(
             learned=learned,
             learned_key=learned_key,
             findings=tuple(report.findings),
+            ctime_ns=status.st_ctime_ns,
         ),
     )

@@ -27,7 +27,7 @@ from replaylint._version import __version__
 from replaylint.lint.model import Applicability, Edit, Finding, Fix, Location
 
 CACHE_DIRECTORY = ".replaylint_cache"
-_FORMAT = 1
+_FORMAT = 2
 
 
 def digest(raw: bytes) -> str:
@@ -46,6 +46,9 @@ class CachedFile:
     """Fingerprint of the learned names the results were computed with."""
     findings: tuple[Finding, ...] | None
     """None when the file's results are unknown."""
+    ctime_ns: int = 0
+    """The inode's change time: restoring a tree with its mtimes (``cp -p``, ``rsync -a``,
+    ``tar x``) changes it, and then the content digest decides."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class StoredFile:
     learned: tuple[tuple[str, int, str], ...]
     learned_key: str
     raw_findings: Any
+    ctime_ns: int = 0
 
     def findings(self, filename: str) -> tuple[Finding, ...] | None:
         """The cached findings, or None when unknown or not in the shape we write."""
@@ -142,7 +146,7 @@ class ResultCache:
         """The entry of the file whose absolute path is ``key``; None if absent or malformed."""
         entry = self._entries.get(key)
         try:
-            size, mtime_ns, content_digest, learned, learned_key, findings = entry  # type: ignore[misc]
+            size, mtime_ns, content_digest, learned, learned_key, findings, ctime_ns = entry  # type: ignore[misc]
             if findings is not None and not isinstance(findings, list):
                 return None
             return StoredFile(
@@ -152,6 +156,7 @@ class ResultCache:
                 learned=tuple((str(n), int(r), str(f)) for n, r, f in learned),
                 learned_key=str(learned_key),
                 raw_findings=findings,
+                ctime_ns=int(ctime_ns),
             )
         except (TypeError, ValueError, KeyError, IndexError):
             return None  # absent, or not the shape we write: ignore it
@@ -164,6 +169,7 @@ class ResultCache:
             [list(item) for item in cached.learned],
             cached.learned_key,
             None if cached.findings is None else [finding_to_data(f) for f in cached.findings],
+            cached.ctime_ns,
         ]
         self._dirty = True
 

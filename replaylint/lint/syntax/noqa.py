@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import re
 import tokenize
 from collections.abc import Iterable
@@ -46,16 +45,26 @@ def _codes(match: re.Match[str]) -> frozenset[str]:
     return frozenset(c.upper() for c in re.split(r"[\s,]+", match.group("codes")) if c)
 
 
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _lines(source: str) -> list[str]:
+    """The source's lines as libcst (and the findings' rows) count them: ``\r\n``, ``\r`` and
+    ``\n`` each end a line; each line ends in ``\n`` for the tokenizer."""
+    return [line.rstrip("\r\n") + "\n" for line in _LINE.findall(source)]
+
+
 def _comments(source: str) -> Iterable[tuple[int, str, bool]]:
     """(row, comment, whether the comment is alone on its line) for every comment."""
+    lines = _lines(source)
     try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        for token in tokenize.generate_tokens(iter(lines).__next__):
             if token.type == tokenize.COMMENT:
                 own_line = not token.line[: token.start[1]].strip()
                 yield token.start[0], token.string, own_line
     except (tokenize.TokenError, SyntaxError):
         # The file parsed with libcst; fall back to a line scan if the tokenizer disagrees.
-        for row, line in enumerate(source.splitlines(), start=1):
+        for row, line in enumerate(lines, start=1):
             if "#" in line:
                 yield row, line[line.index("#") :], line.lstrip().startswith("#")
 
