@@ -12,7 +12,7 @@ import torch
 
 from replaylint.guards import as_fp32_gate_cache
 from replaylint.kernels._decode import decode_with_cursor_step
-from replaylint.kernels._validate import STATE_DTYPES
+from replaylint.kernels._validate import STATE_DTYPES, DecodeArgs
 
 __all__ = ["ReplaySSMCache", "next_write_pos"]
 
@@ -168,7 +168,14 @@ class ReplaySSMCache:
         gathers the rows' cursors and advances them, and the decode kernel runs on the
         gathered values (two launches per step, no synchronisation).
         """
-        decode_with_cursor_step(
+        # The per-row cursors the cursor step fills (a non-tensor index argument is reported
+        # by the checks).
+        write_pos = (
+            torch.empty_like(ssm_state_indices)
+            if isinstance(ssm_state_indices, torch.Tensor)
+            else ssm_state_indices
+        )
+        args = DecodeArgs(
             mixed_qkv,
             a,
             b,
@@ -181,11 +188,12 @@ class ReplaySSMCache:
             self.g_cache,
             out,
             ssm_state_indices,
-            self.write_pos,
+            write_pos,
             force_flush,
             use_qk_l2norm_in_kernel,
             lower_bound,
         )
+        decode_with_cursor_step(args, self.write_pos)
         return out
 
     def reset(self, slots: Sequence[int] | torch.Tensor) -> None:
