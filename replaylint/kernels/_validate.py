@@ -282,13 +282,33 @@ def _check_step_inputs(
     return batch, named
 
 
+def _no_internal_overlap(name: str, t: torch.Tensor) -> None:
+    """Reject a view in which two indices address one element (an expanded or zero-stride
+    pool view): a write for one slot would land in others. Metadata only; conservative for
+    exotic interleaved strides, exact for every layout a pool view takes."""
+    dims = sorted(
+        (abs(int(st)), int(n)) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1
+    )
+    reach = 0  # the largest offset the smaller-stride dims reach
+    for stride, size in dims:
+        if stride <= reach:
+            raise _fail(
+                name,
+                "a view whose elements do not overlap (no zero or expanded strides)",
+                f"shape {tuple(t.shape)} with strides {tuple(t.stride())}",
+                "Every slot needs its own memory: pass a real pool, not an expanded view.",
+            )
+        reach += (size - 1) * stride
+
+
 def validate_decode_args(args: DecodeArgs, *, reference: bool) -> ValidDecode:
     """Check every argument of a ReplaySSM decode step; return them with their sizes.
 
     ``reference=True`` is the plain-PyTorch oracle's contract: float64 is allowed anywhere and
     the gate cache must be float32 or float64. ``reference=False`` is the kernel's contract:
-    state fp32/bf16/fp16, A_log/dt_bias fp32; the gate cache's dtype is left to
-    ``replaylint.guards.fp32_gate_cache``, which the kernel entry wears.
+    state fp32/bf16/fp16, A_log/dt_bias fp32, a floating-point gate cache (the
+    ``replaylint.guards.fp32_gate_cache`` guard on the public entry decides, by its policy,
+    what a gate cache other than float32 does).
     """
     state = _tensor("initial_state", args.initial_state)
     _rank("initial_state", state, (4,), "[slots, HV, V, K]")
@@ -329,9 +349,10 @@ def validate_decode_args(args: DecodeArgs, *, reference: bool) -> ValidDecode:
     g = _tensor("g_cache", args.g_cache)
     _rank("g_cache", g, (4,), "[slots, HV, L, K]")
     _shape("g_cache", g, (slots, num_value_heads, ring_len, head_k_dim), "[slots, HV, L, K]")
-    if reference:
-        _floating("g_cache", g, _GATE_DTYPES_REFERENCE)
+    _floating("g_cache", g, _GATE_DTYPES_REFERENCE if reference else None)
     _last_dim_contiguous("g_cache", g)
+    for name, pool in (("initial_state", state), ("d_cache", d), ("k_cache", k), ("g_cache", g)):
+        _no_internal_overlap(name, pool)
 
     batch, named = _check_step_inputs(
         args,
