@@ -10,9 +10,13 @@ Chosen with ``benchmarks/tune_decode_kernel.py`` on one NVIDIA H200 (torch 2.11,
 helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``, summary in
 docs/benchmarks.md): kernel-only times under CUDA-graph replay, steady-state cursors (1 row in
 16 flushes), H = HV = 32, K = V = 128 and Kimi-K3's TP8 shape (HV = 12, lower bound -5).
-One warp per program wins in every regime: the K reductions stay inside a warp (lane
-shuffles, no shared-memory round trips or barriers) and the SM holds the most programs, so
-the most loads are in flight.
+One warp per program won every regime (summed over the regime's problems): the K reductions
+stay inside a warp (lane shuffles, no shared-memory round trips or barriers) and an SM holds
+the most programs, so the most loads are in flight. The flush's ring term as an exact float32
+("ieee") matrix product beat its tf32x3 tensor-core form wherever both were timed (the tf32x3
+operand splits double the live registers); walking the ring row by row won for bf16 state at
+large B. The "mid" regime was timed with tf32x3 candidates only (split 2 won); it ships split 2
+with the ieee product, as its neighbours do (docs/benchmarks.md has its numbers in that config).
 
 The kernel never autotunes at call time: a call picks one of these by the number of
 (row, value head) pairs it launches and the state's dtype.

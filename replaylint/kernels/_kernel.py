@@ -3,11 +3,11 @@
 Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
 lazily, on the first kernel call.
 
-One program per (V slice, value head hv, row b): the value dimension is split into ``NS``
-slices of ``BVs = V / NS`` rows, so a launch has ``NS * HV * B`` programs (the split is chosen
-per regime in ``_configs.py``: 4 / 2 for small / mid launches, 1 at large B, where the K-side
-work below, repeated per slice, costs more than the extra programs gain). The V slice is the
-fastest-varying grid index, so the programs of one (row, head) run side by side and share
+One program per (V slice, value head hv, row b), one warp each (the configs in
+``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
+launch has ``NS * HV * B`` programs (8 / 4 / 2 slices for small launches, 1 at large B, where the
+K-side work below, repeated per slice, costs more than the extra programs gain). The V slice is
+the fastest-varying grid index, so the programs of one (row, head) run side by side and share
 their ring reads through L2. In each program:
 
 1. scalars and K-vectors: cursor, flush flag; q, k (optionally L2-normalised), the gate g,
@@ -17,10 +17,9 @@ their ring reads through L2. In each program:
    ``alpha * q_s`` and ``alpha * k`` into two length-L weight vectors;
 3. a loop over the slice's V tiles: each reads its rows of the checkpoint S0 and of the live
    d rows once and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S,
-   writes ``out`` and appends the d row;
-4. only in a flushing program (1 in L), a second walk over the tiles re-reads them, forms S
-   (row by row over the ring) and writes S_new back. Keeping the flush out of the main loop
-   keeps that loop's registers low (measured with ncu on the H200, see docs/benchmarks.md).
+   writes ``out``, and then either appends the d row or, in the 1 program in L that flushes,
+   writes the tile's S_new from the values already loaded (its ring term ``D^T (W * alpha)``
+   as one matrix product per tile, or row by row over the ring).
 
 All arithmetic is float32 whatever the storage dtypes.
 """

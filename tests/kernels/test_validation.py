@@ -367,3 +367,47 @@ def test_strided_pool_views_that_do_not_overlap_are_accepted() -> None:
     replayssm_decode_reference(**ref)
     assert torch.equal(args["out"], ref["out"])
     assert torch.equal(args["initial_state"], ref["initial_state"])
+
+
+def test_a_repeated_signature_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks run once per argument signature; new tensors with the same shapes, strides,
+    dtypes and devices reuse them (the eager host path at small batch)."""
+    from replaylint.kernels import _decode
+
+    calls = []
+    real = _decode.validate_decode_args
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_decode, "validate_decode_args", counting)
+    monkeypatch.setattr(_decode, "_PREPARED", {})
+    for _ in range(3):
+        replayssm_decode(**valid_args())
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "mentions"),
+    [
+        ("scale", True, r"^scale: expected a Python float"),  # True == 1 as a dict key
+        ("use_qk_l2norm_in_kernel", 1, r"^use_qk_l2norm_in_kernel: expected a bool"),
+        ("b", lambda: torch.randn(B, HV).to(torch.int32), r"^b: expected a floating-point dtype"),
+        ("a", lambda: torch.randn(B, HV, 2 * K)[..., ::2], r"^a: expected a contiguous tensor"),
+        ("a", lambda: torch.randn(B, HV, K).to_sparse(), r"^a: expected a dense \(strided\)"),
+        ("write_pos", lambda: [0, 1, 2], r"^write_pos: expected a torch\.Tensor, got list"),
+    ],
+)
+def test_a_checked_signature_does_not_let_a_different_one_through(
+    argument: str, value: object, mentions: str
+) -> None:
+    replayssm_decode(**valid_args())  # this signature is now checked and remembered
+    args = valid_args()
+    args[argument] = value() if callable(value) else value
+    if argument == "scale":
+        ok = valid_args()
+        ok["scale"] = 1
+        replayssm_decode(**ok)  # an int scale is fine, and remembered
+    with pytest.raises(ValueError, match=mentions):
+        replayssm_decode(**args)
