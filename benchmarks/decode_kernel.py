@@ -1,63 +1,92 @@
-"""ReplaySSM decode vs flash-linear-attention's plain KDA decode on one GPU (issue 7).
+"""ReplaySSM decode on one GPU: ours against sglang's ReplaySSM kernels, fla's plain decode and
+the bandwidth floor, in one run on the same inputs.
 
-Times, in one run and on the same inputs (H = HV = 32, K = V = 128, L = 16, bf16
-activations), for B in {1, 16, 64, 256, 512} and fp32 / bf16 state:
+Shape: H = HV = 32, K = V = 128, L = 16 (Kimi-Linear at TP1), bf16 activations, L2-normalised
+q/k, unbounded gate; B in {1, 16, 64, 256, 512}; fp32 state (d/k rings fp32) and bf16 state
+(rings bf16); g is always float32. Also Kimi-K3's TP8 shape (HV = H = 12, lower bound -5),
+ours against sglang's Helion kernel (sglang's Triton kernel has no bounded gate).
 
-* ours: ``ReplaySSMCache.decode`` (kernel + cursor advance), averaged over a full ring cycle of
-  L steps with real cursor movement (every row starts at a different cursor, so each launch
-  mixes appends and flushes as in serving) — eager (``do_bench`` of the L-step cycle) and
-  CUDA-graph replay of the cycle;
-* fla: ``fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd`` on a state pool with
-  ``ssm_state_indices``, ``inplace_final_state=True``, gate / L2 norm / beta sigmoid in kernel,
-  ``state_v_first=True`` (checked once to change the pool);
-* the bandwidth floor: the bytes a steady-state ReplaySSM step must move over the
-  device-to-device copy bandwidth measured in the same run.
+Timed kernels (each on its own copy of one pool, the same inputs):
 
-Also: host time per eager call at B = 1 (guard + validation + dispatch + launch) of
-``replayssm_decode`` and of ``ReplaySSMCache.decode``, and of the validation alone. Writes JSON
-(``--out``) and prints a table. Needs CUDA and fla-core 0.6.0.
+* ours: ``replaylint.kernels.replayssm_decode``;
+* sglang Helion: ``helion_fused_recurrent_kda_replayssm_decode`` (sglang 0.5.23);
+* sglang Triton: ``fused_recurrent_linear_replayssm_decode(..., is_kda=True)``;
+* fla plain: ``fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd`` on a pool with
+  ``ssm_state_indices`` and ``inplace_final_state=True`` (gate, L2 norm and beta sigmoid in
+  kernel, ``state_v_first=True``; checked once to change the pool) — a plain step, no ring;
+* floor: the bytes a step must move over the device-to-device copy bandwidth of this run.
 
-    python benchmarks/decode_kernel.py --out decode_kernel.json [--configs tune.json]
+Every row sits at the same cursor c; one CUDA graph per c holds the same step 8 times (so the
+graph launch is amortised), replayed 10 times (median, divided by 8). ``step`` is the mean over the non-flushing cursors c = 0 .. L-2, ``flush`` the step
+at c = L-1 (every row flushes), and ``cycle`` the steady-state mean ((L-1) step + flush) / L.
+An agreement check runs ours and sglang's Helion kernel for a ring cycle and a half from one
+pool at staggered cursors (b % L, so every step mixes appends and flushes) and compares
+outputs, checkpoint and rings. Host time per eager call at B = 1 is wall time over many calls.
 
-``--configs`` runs with the configs a tuning run selected (its ``selected`` entry) instead of
-the shipped ones in replaylint/kernels/_configs.py. Without a GPU,
-``--plot decode_kernel.json --png docs/decode_kernel.png`` draws a saved run (matplotlib).
+The sglang modules are read from the sglang 0.5.23 wheel at run time: unzip its
+``sglang/kernels/ops/attention/helion/{__init__,kda_decode,kda_replayssm}.py`` and
+``sglang/kernels/ops/attention/linear/fused_recurrent_linear_replayssm.py`` into a folder
+(``--sglang DIR``) with empty ``__init__.py`` files for ``sglang``, ``sglang/kernels``,
+``sglang/kernels/ops``, ``sglang/kernels/ops/attention`` and ``.../linear`` (the real package
+``__init__`` imports the whole server). They need only torch, triton and helion.
+
+    python benchmarks/decode_kernel.py --sglang DIR --out decode_kernel.json [--configs T.json]
+    python benchmarks/decode_kernel.py --plot decode_kernel.json --png docs/decode_kernel.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from replaylint.kernels import ReplaySSMCache, _decode, replayssm_decode
+from replaylint.kernels import ReplaySSMCache, _decode, next_write_pos, replayssm_decode
 from replaylint.kernels._configs import CONFIGS
-from replaylint.kernels._validate import validate_decode_args
 
-H = HV = 32
-K = V = 128
-L = 16
-BATCHES = (1, 16, 64, 256, 512)
 DEV = "cuda"
+BATCHES = (1, 16, 64, 256, 512)
+K3_BATCHES = (16, 64, 256)
+REPEATS = 8  # steps per captured graph
+Step = Callable[..., Any]
 
 
-def step_bytes(batch: int, state_dtype: torch.dtype) -> float:
-    """Bytes one steady-state ReplaySSM step moves (cursors uniform over the ring)."""
-    s = torch.finfo(state_dtype).bits // 8
-    r = s  # d/k rings in the state's dtype; g is float32
-    live = (L - 1) / 2
-    per_head = (
-        V * K * s
-        + live * (K * 4 + K * r + V * r)
-        + (1 - 1 / L) * (K * 4 + V * r + K * r)
-        + (1 / L) * V * K * s
-        + (3 * K + 2 * V) * 2
-    )
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    heads: int  # H = HV
+    lower_bound: float | None
+    K: int = 128
+    V: int = 128
+    L: int = 16
+
+
+KIMI = Shape("kimi-linear", 32, None)
+K3_TP8 = Shape("k3-tp8", 12, -5.0)
+
+
+def label(dtype: torch.dtype) -> str:
+    return "fp32" if dtype == torch.float32 else "bf16"
+
+
+def step_bytes(s: Shape, batch: int, state_dtype: torch.dtype, cursor: int) -> float:
+    """Bytes one step at cursor ``cursor`` (every row) must move: the checkpoint, the live ring
+    rows, the appended row or (at a flush) the checkpoint written, and the activations."""
+    e = torch.finfo(state_dtype).bits // 8  # state and d/k rings; g is float32
+    K, V, HV = s.K, s.V, s.heads
+    per_head = V * K * e + cursor * (K * 4 + K * e + V * e)
+    if cursor == s.L - 1:
+        per_head += V * K * e
+    else:
+        per_head += K * 4 + V * e + K * e
+    per_head += (3 * K + V) * 2 + V * 2  # q, k, a, v in; out (bf16)
     return batch * HV * per_head
 
 
@@ -65,13 +94,13 @@ def copy_bandwidth() -> float:
     import triton.testing
 
     n = 1 << 28
-    src = torch.empty(n, device=DEV)
+    src = torch.randn(n, device=DEV)
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=300, return_mode="median")
     return 2 * n * 4 / (float(ms) * 1e-3)
 
 
-def graph_of(fn: Any) -> torch.cuda.CUDAGraph:
+def graph_of(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -86,7 +115,7 @@ def graph_of(fn: Any) -> torch.cuda.CUDAGraph:
 
 
 def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
-    """Median milliseconds per replay."""
+    """Median microseconds per replay."""
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -96,186 +125,184 @@ def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) * 1e3)
     return sorted(times)[len(times) // 2]
 
 
-def bench_ours(batch: int, state_dtype: torch.dtype) -> dict[str, Any]:
-    import triton.testing
+class Problem:
+    """One pool and L input sets; every kernel gets its own copy of the pool."""
 
-    gen = torch.Generator(device=DEV).manual_seed(0)
-    cache = ReplaySSMCache(batch, H, HV, K, V, L, state_dtype=state_dtype, device=DEV)
-    cache.state.copy_(0.1 * torch.randn(cache.state.shape, generator=gen, device=DEV))
-    cache.write_pos.copy_(torch.arange(batch, device=DEV) % L)  # staggered cursors
-    idx = torch.randperm(batch, generator=gen, device=DEV).to(torch.int32)
-    A_log = torch.linspace(-4.0, 0.5, HV, device=DEV)
-    dt_bias = 0.5 * torch.randn(HV, K, generator=gen, device=DEV)
-    inputs = [
-        {
-            "mixed_qkv": torch.randn(batch, 2 * H * K + HV * V, generator=gen, device=DEV).to(
-                torch.bfloat16
-            ),
-            "a": torch.randn(batch, HV, K, generator=gen, device=DEV).to(torch.bfloat16),
-            "b": torch.randn(batch, HV, generator=gen, device=DEV).to(torch.bfloat16),
-        }
-        for _ in range(L)
-    ]
-    out = torch.empty(batch, 1, HV, V, dtype=torch.bfloat16, device=DEV)
+    def __init__(self, s: Shape, batch: int, state_dtype: torch.dtype, seed: int = 0) -> None:
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        H = HV = s.heads
+        K, V, L = s.K, s.V, s.L
+        self.shape, self.batch, self.state_dtype = s, batch, state_dtype
+        act = torch.bfloat16
+        self.inputs = [
+            {
+                "mixed_qkv": torch.randn(batch, 2 * H * K + HV * V, generator=gen, device=DEV).to(
+                    act
+                ),
+                "a": torch.randn(batch, HV, K, generator=gen, device=DEV).to(act),
+                "b": torch.randn(batch, HV, generator=gen, device=DEV).to(act),
+            }
+            for _ in range(L)
+        ]
+        self.A_log = torch.linspace(-4.0, 0.5, HV, device=DEV)
+        self.dt_bias = 0.5 * torch.randn(HV, K, generator=gen, device=DEV)
+        slots = batch
+        self.state = (0.1 * torch.randn(slots, HV, V, K, generator=gen, device=DEV)).to(state_dtype)
+        self.d = (0.1 * torch.randn(slots, HV, L, V, generator=gen, device=DEV)).to(state_dtype)
+        k = torch.randn(slots, H, L, K, generator=gen, device=DEV)
+        self.k = (k / k.norm(dim=-1, keepdim=True)).to(state_dtype)
+        self.g = -0.5 * torch.rand(slots, HV, L, K, generator=gen, device=DEV)
+        self.idx = torch.randperm(slots, generator=gen, device=DEV).to(torch.int32)
 
-    def cycle() -> None:
-        for inp in inputs:
-            cache.decode(
-                **inp,
-                A_log=A_log,
-                dt_bias=dt_bias,
-                scale=K**-0.5,
-                out=out,
-                ssm_state_indices=idx,
-                use_qk_l2norm_in_kernel=True,
-            )
+    def pool(self) -> tuple[torch.Tensor, ...]:
+        return tuple(t.clone() for t in (self.state, self.d, self.k, self.g))
 
-    write_pos = cache.write_pos_for(idx)
-
-    def kernel_only() -> None:
-        # The kernel alone at fixed staggered cursors (no cursor advance): the same mix of
-        # appends and flushes per launch, without the small launch that moves cursors.
-        for inp in inputs:
-            replayssm_decode(
-                inp["mixed_qkv"],
-                inp["a"],
-                inp["b"],
-                A_log,
-                dt_bias,
-                K**-0.5,
-                cache.state,
-                cache.d_cache,
-                cache.k_cache,
-                cache.g_cache,
-                out,
-                idx,
-                write_pos,
-                None,
-                True,
-                None,
-            )
-
-    cycle()
-    eager_ms = float(triton.testing.do_bench(cycle, rep=200)) / L
-    graph_ms = time_graph(graph_of(cycle)) / L
-    kernel_ms = time_graph(graph_of(kernel_only)) / L
-    result: dict[str, Any] = {
-        "eager_us": eager_ms * 1e3,
-        "graph_us": graph_ms * 1e3,
-        "graph_kernel_only_us": kernel_ms * 1e3,
-    }
-    if batch == 1:
-        result["host_us_per_call"] = host_time_per_call(cache, inputs[0], A_log, dt_bias, idx)
-    return result
-
-
-def host_time_per_call(
-    cache: ReplaySSMCache,
-    inp: dict[str, torch.Tensor],
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    idx: torch.Tensor,
-) -> dict[str, float]:
-    """Host wall time per eager call at B = 1 (the GPU waits on the host there), microseconds."""
-    out = torch.empty(1, 1, HV, V, dtype=torch.bfloat16, device=DEV)
-    write_pos = cache.write_pos_for(idx)
-    args = (
-        inp["mixed_qkv"],
-        inp["a"],
-        inp["b"],
-        A_log,
-        dt_bias,
-        K**-0.5,
-        cache.state,
-        cache.d_cache,
-        cache.k_cache,
-        cache.g_cache,
-        out,
-        idx,
-        write_pos,
-        None,
-        True,
-        None,
-    )
-
-    def per_call_us(fn: Any) -> float:
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        n = 2000
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        host = (time.perf_counter() - start) / n
-        torch.cuda.synchronize()
-        return host * 1e6
-
-    def cache_step() -> None:
-        cache.decode(
+    def args(
+        self,
+        step: int,
+        pool: tuple[torch.Tensor, ...],
+        out: torch.Tensor,
+        write_pos: torch.Tensor,
+    ) -> tuple[Any, ...]:
+        inp = self.inputs[step % self.shape.L]
+        return (
             inp["mixed_qkv"],
             inp["a"],
             inp["b"],
-            A_log,
-            dt_bias,
-            K**-0.5,
+            self.A_log,
+            self.dt_bias,
+            self.shape.K**-0.5,
+            *pool,
             out,
-            idx,
-            use_qk_l2norm_in_kernel=True,
+            self.idx,
+            write_pos,
+            None,
+            True,
         )
 
-    shapes = validate_decode_args(*args, reference=False)
-    split, _ = _decode.select_config(cache.state.dtype, HV, V, _decode.CONFIG_OVERRIDE)
-    tensors = _decode.kernel_tensors(shapes, split, *args[:5], *args[6:14])
-    kernel_args = (*tensors, float(K**-0.5), 0.0, True, False, False, torch.int32, False)
-    replayssm_decode(*args)  # make sure the launcher for this launch exists
-    # The launcher of this launch: key = ("decode", config, offsets, split, min(B, 2), ...,
-    # state dtype at 15, ...) as built in _decode._launch.
-    launchers = [
-        run
-        for key, run in _decode._LAUNCHERS.items()
-        if key[0] == "decode" and key[4] == 1 and key[15] == cache.state.dtype
-    ]
-    cursor = cache.write_pos
-    cursor_args = (cursor, idx, idx, write_pos, L, False)
-    cursor_key = ("cursor", False, 1, min(cursor.size(0), 2), L)
-    cursor_run = _decode._LAUNCHERS.get(cursor_key)
-    result = {
-        "replayssm_decode": per_call_us(lambda: replayssm_decode(*args)),
-        # Everything after validation: views, config choice, launcher lookup, launch.
-        "dispatch_and_launch": per_call_us(lambda: _decode._launch(shapes, *args)),
-        "views": per_call_us(lambda: _decode.kernel_tensors(shapes, split, *args[:5], *args[6:14])),
-        "index_dtype": per_call_us(lambda: _decode.index_dtype(tensors)),
-        "cache_decode": per_call_us(cache_step),
-        "validation_only": per_call_us(lambda: validate_decode_args(*args, reference=False)),
-        "torch_add_reference": per_call_us(lambda: out.add_(0)),
+
+def load_peers(sglang_dir: Path | None) -> dict[str, Step]:
+    peers: dict[str, Step] = {}
+    if sglang_dir is None:
+        return peers
+    sys.path.insert(0, str(sglang_dir))
+    from sglang.kernels.ops.attention.helion.kda_replayssm import (
+        helion_fused_recurrent_kda_replayssm_decode,
+    )
+    from sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm import (
+        fused_recurrent_linear_replayssm_decode,
+    )
+
+    peers["sglang_helion"] = helion_fused_recurrent_kda_replayssm_decode
+
+    def sglang_triton(*args: Any, lower_bound: float | None = None) -> Any:
+        if lower_bound is not None:
+            raise NotImplementedError("no bounded gate")
+        return fused_recurrent_linear_replayssm_decode(*args, is_kda=True)
+
+    peers["sglang_triton"] = sglang_triton
+    return peers
+
+
+def time_cursors(p: Problem, fn: Step) -> dict[str, Any]:
+    """Graph-replay time of one step at each cursor (all rows), and the step/flush/cycle means."""
+    L = p.shape.L
+    pool = p.pool()
+    out = torch.empty(p.batch, 1, p.shape.heads, p.shape.V, dtype=torch.bfloat16, device=DEV)
+    per_cursor = []
+    for c in range(L):
+        write_pos = torch.full((p.batch,), c, dtype=torch.int32, device=DEV)
+        args = p.args(c, pool, out, write_pos)
+
+        def run(args: tuple[Any, ...] = args) -> None:
+            for _ in range(REPEATS):
+                fn(*args, lower_bound=p.shape.lower_bound)
+
+        per_cursor.append(time_graph(graph_of(run), reps=10) / REPEATS)
+    step = sum(per_cursor[:-1]) / (L - 1)
+    flush = per_cursor[-1]
+    return {
+        "per_cursor_us": per_cursor,
+        "step_us": step,
+        "flush_us": flush,
+        "cycle_us": ((L - 1) * step + flush) / L,
+        "flush_over_step": flush / step,
     }
-    if len(launchers) == 1:
-        # Helion's generated host function (sizes, strides, grid) + the direct launch.
-        result["host_function_and_launch"] = per_call_us(lambda: launchers[0](*kernel_args))
-    if cursor_run is not None:
-        result["cursor_step_launch"] = per_call_us(lambda: cursor_run(*cursor_args))
-    return result
 
 
-def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
-    import triton.testing
+def ours(*args: Any, lower_bound: float | None = None) -> Any:
+    return replayssm_decode(*args, lower_bound)
+
+
+def time_cache_cycle(p: Problem) -> float:
+    """``ReplaySSMCache.decode`` (cursor step + kernel) over one ring cycle at staggered
+    cursors, graph replay, microseconds per step."""
+    s = p.shape
+    cache = ReplaySSMCache(
+        p.batch, s.heads, s.heads, s.K, s.V, s.L, state_dtype=p.state_dtype, device=DEV
+    )
+    cache.state.copy_(p.state)
+    cache.write_pos.copy_(torch.arange(p.batch, device=DEV) % s.L)
+    out = torch.empty(p.batch, 1, s.heads, s.V, dtype=torch.bfloat16, device=DEV)
+
+    def cycle() -> None:
+        for inp in p.inputs:
+            cache.decode(
+                **inp,
+                A_log=p.A_log,
+                dt_bias=p.dt_bias,
+                scale=s.K**-0.5,
+                out=out,
+                ssm_state_indices=p.idx,
+                use_qk_l2norm_in_kernel=True,
+                lower_bound=s.lower_bound,
+            )
+
+    return time_graph(graph_of(cycle)) / s.L
+
+
+def agreement(p: Problem, peer: Step) -> dict[str, float]:
+    """Ours against a peer over 24 steps from one pool at staggered, advancing cursors."""
+    L = p.shape.L
+    pools = (p.pool(), p.pool())
+    write_pos = (torch.arange(p.batch, device=DEV) % L).to(torch.int32)
+    worst = {"out_max_abs": 0.0, "out_rel": 0.0, "out_scale": 0.0}
+    for step in range(L + L // 2):
+        outs = []
+        for fn, pool in zip((ours, peer), pools, strict=True):
+            out = torch.empty(p.batch, 1, p.shape.heads, p.shape.V, dtype=torch.bfloat16)
+            out = out.to(DEV)
+            fn(*p.args(step, pool, out, write_pos), lower_bound=p.shape.lower_bound)
+            outs.append(out.float())
+        diff = (outs[0] - outs[1]).abs()
+        worst["out_max_abs"] = max(worst["out_max_abs"], float(diff.max()))
+        worst["out_rel"] = max(worst["out_rel"], float(diff.norm() / outs[1].norm()))
+        worst["out_scale"] = max(worst["out_scale"], float(outs[1].abs().max()))
+        write_pos = next_write_pos(write_pos, L)
+    for name, a, b in zip(("state", "d_cache", "k_cache", "g_cache"), *pools, strict=True):
+        diff = (a.float() - b.float()).abs()
+        worst[f"{name}_max_abs"] = float(diff.max())
+        worst[f"{name}_rel"] = float(diff.norm() / b.float().norm())
+    return worst
+
+
+def time_fla(p: Problem) -> dict[str, Any]:
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    gen = torch.Generator(device=DEV).manual_seed(0)
-    act = torch.bfloat16
-    q = torch.randn(batch, 1, H, K, generator=gen, device=DEV).to(act)
-    k = torch.randn(batch, 1, H, K, generator=gen, device=DEV).to(act)
-    v = torch.randn(batch, 1, HV, V, generator=gen, device=DEV).to(act)
-    a = torch.randn(batch, 1, HV, K, generator=gen, device=DEV).to(act)
-    b = torch.randn(batch, 1, HV, generator=gen, device=DEV).to(act)
-    A_log = torch.linspace(-4.0, 0.5, HV, device=DEV)
-    dt_bias = 0.5 * torch.randn(HV * K, generator=gen, device=DEV)
-    pool = (0.1 * torch.randn(batch, HV, V, K, generator=gen, device=DEV)).to(state_dtype)
-    idx = torch.randperm(batch, generator=gen, device=DEV).to(torch.int32)
+    s = p.shape
+    B, H, K = p.batch, s.heads, s.K
+    inp = p.inputs[0]
+    x = inp["mixed_qkv"]
+    q = x[:, : H * K].reshape(B, 1, H, K).contiguous()
+    k = x[:, H * K : 2 * H * K].reshape(B, 1, H, K).contiguous()
+    v = x[:, 2 * H * K :].reshape(B, 1, H, s.V).contiguous()
+    a = inp["a"].reshape(B, 1, H, K)
+    beta = inp["b"].reshape(B, 1, H)
+    pool = p.state.clone()
     out = torch.empty_like(v)
 
     def step() -> None:
@@ -284,14 +311,14 @@ def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
             k=k,
             v=v,
             g=a,
-            beta=b,
-            A_log=A_log,
-            dt_bias=dt_bias,
+            beta=beta,
+            A_log=p.A_log,
+            dt_bias=p.dt_bias.reshape(-1),
             initial_state=pool,
             scale=K**-0.5,
             inplace_final_state=True,
             state_v_first=True,
-            ssm_state_indices=idx,
+            ssm_state_indices=p.idx,
             use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True,
             use_beta_sigmoid_in_kernel=True,
@@ -302,45 +329,149 @@ def bench_fla(batch: int, state_dtype: torch.dtype) -> dict[str, float]:
     step()
     torch.cuda.synchronize()
     changed = not torch.equal(before, pool)
-    eager_ms = float(triton.testing.do_bench(step, rep=200))
-    graph_ms = time_graph(graph_of(step))
-    return {"eager_us": eager_ms * 1e3, "graph_us": graph_ms * 1e3, "pool_changed": changed}
+
+    def steps() -> None:
+        for _ in range(REPEATS):
+            step()
+
+    return {"step_us": time_graph(graph_of(steps), reps=10) / REPEATS, "pool_changed": changed}
+
+
+def host_us(fn: Callable[[], Any], n: int = 3000) -> float:
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / n * 1e6
+
+
+def host_times(p: Problem, peers: dict[str, Step]) -> dict[str, float]:
+    """Host wall time per eager call at B = 1 (the GPU waits on the host there)."""
+    s = p.shape
+    pool = p.pool()
+    out = torch.empty(p.batch, 1, s.heads, s.V, dtype=torch.bfloat16, device=DEV)
+    write_pos = torch.zeros(p.batch, dtype=torch.int32, device=DEV)  # appends, no flush
+    args = p.args(0, pool, out, write_pos)
+    cache = ReplaySSMCache(
+        p.batch, s.heads, s.heads, s.K, s.V, s.L, state_dtype=p.state_dtype, device=DEV
+    )
+    inp = p.inputs[0]
+    result = {
+        "replayssm_decode": host_us(lambda: replayssm_decode(*args, None)),
+        "ReplaySSMCache.decode": host_us(
+            lambda: cache.decode(
+                inp["mixed_qkv"],
+                inp["a"],
+                inp["b"],
+                p.A_log,
+                p.dt_bias,
+                s.K**-0.5,
+                out,
+                p.idx,
+                use_qk_l2norm_in_kernel=True,
+            )
+        ),
+        "torch_add_": host_us(lambda: out.add_(0)),
+    }
+    for name, fn in peers.items():
+        result[name] = host_us(lambda fn=fn: fn(*args))  # type: ignore[misc]
+    return result
+
+
+def run_shape(
+    s: Shape,
+    batches: tuple[int, ...],
+    peers: dict[str, Step],
+    bandwidth: float,
+    report: dict[str, Any],
+    out_path: Path,
+) -> None:
+    for state_dtype in (torch.float32, torch.bfloat16):
+        for batch in batches:
+            p = Problem(s, batch, state_dtype)
+            row: dict[str, Any] = {"shape": s.name, "state": label(state_dtype), "B": batch}
+            floors = [step_bytes(s, batch, state_dtype, c) / bandwidth * 1e6 for c in range(s.L)]
+            row["floor"] = {
+                "step_us": sum(floors[:-1]) / (s.L - 1),
+                "flush_us": floors[-1],
+                "cycle_us": sum(floors) / s.L,
+            }
+            row["ours"] = time_cursors(p, ours)
+            for name, fn in peers.items():
+                try:
+                    row[name] = time_cursors(p, fn)
+                except Exception as error:  # report, keep going
+                    row[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+            if s.lower_bound is None:
+                try:
+                    row["fla_plain"] = time_fla(p)
+                except Exception as error:
+                    row["fla_plain"] = {"error": f"{type(error).__name__}: {error}"[:300]}
+                row["ours_cache_cycle_us"] = time_cache_cycle(p)
+            if "sglang_helion" in peers:
+                row["agreement_vs_sglang_helion"] = agreement(p, peers["sglang_helion"])
+            if batch == 1 and s.lower_bound is None:
+                row["host_us_per_call"] = host_times(p, peers)
+            report["rows"].append(row)
+            out_path.write_text(json.dumps(report, indent=2))
+            print_row(row)
+
+
+def _us(row: dict[str, Any], name: str, key: str) -> float:
+    return float(row.get(name, {}).get(key, float("nan")))
+
+
+def print_row(row: dict[str, Any]) -> None:
+    cyc = _us(row, "ours", "cycle_us")
+    print(
+        f"{row['shape']:11s} {row['state']} B={row['B']:4d} | floor {_us(row, 'floor', 'cycle_us'):7.1f}"
+        f" | ours step {_us(row, 'ours', 'step_us'):7.1f} flush {_us(row, 'ours', 'flush_us'):7.1f}"
+        f" cycle {cyc:7.1f} | sglH step {_us(row, 'sglang_helion', 'step_us'):7.1f} flush"
+        f" {_us(row, 'sglang_helion', 'flush_us'):7.1f} cycle"
+        f" {_us(row, 'sglang_helion', 'cycle_us'):7.1f} | sglT cycle"
+        f" {_us(row, 'sglang_triton', 'cycle_us'):7.1f} | fla {_us(row, 'fla_plain', 'step_us'):7.1f}"
+        f" | sglH/ours {_us(row, 'sglang_helion', 'cycle_us') / cyc:5.2f}"
+        f" ours/floor {cyc / _us(row, 'floor', 'cycle_us'):5.2f}",
+        flush=True,
+    )
 
 
 def plot(report: dict[str, Any], png: Path) -> None:
-    """Time per step against B, one panel per state dtype: ours, fla, the bandwidth floor."""
+    """Cycle-mean time per step against B, one panel per state dtype."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, label in zip(axes, ("fp32", "bf16"), strict=True):
-        rows = [r for r in report["rows"] if r["state"] == label]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    series = [
+        ("ours", "ours (replaylint)", "o-"),
+        ("sglang_helion", "sglang Helion ReplaySSM", "s--"),
+        ("sglang_triton", "sglang Triton ReplaySSM", "^--"),
+        ("fla_plain", "fla plain decode (in place)", "v:"),
+        ("floor", "floor (bytes / copy bandwidth)", "k-"),
+    ]
+    for ax, state in zip(axes, ("fp32", "bf16"), strict=True):
+        rows = [r for r in report["rows"] if r["state"] == state and r["shape"] == "kimi-linear"]
         batches = [r["B"] for r in rows]
-        series = {
-            "ReplaySSM step (kernel + cursor step), graph": [r["ours"]["graph_us"] for r in rows],
-            "ReplaySSM kernel alone, graph": [r["ours"]["graph_kernel_only_us"] for r in rows],
-            "fla fused_recurrent_kda_fwd (plain), graph": [
-                r["fla"].get("graph_us", float("nan")) for r in rows
-            ],
-            "bandwidth floor (bytes / copy bandwidth)": [r["floor_us"] for r in rows],
-        }
-        styles = ["o-", "s--", "^-", "k:"]
-        for (name, values), style in zip(series.items(), styles, strict=True):
-            ax.plot(batches, values, style, label=name)
+        for key, name, style in series:
+            field = "step_us" if key == "fla_plain" else "cycle_us"
+            ax.plot(batches, [_us(r, key, field) for r in rows], style, label=name)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_xlabel("batch B (rows)")
-        ax.set_title(f"{label} state (H = HV = 32, K = V = 128, L = 16)")
+        ax.set_title(f"{state} state (H = HV = 32, K = V = 128, L = 16)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("time per decode step (us)")
+    axes[0].set_ylabel("µs per decode step (ring-cycle mean)")
     axes[0].legend(fontsize=8)
     fig.suptitle(
-        f"{report['device']}, {report['date']}, copy bandwidth "
-        f"{report['copy_bandwidth_TBps']:.2f} TB/s; CUDA-graph replay, steady state over a ring"
-        " cycle",
+        f"{report['device']}, {report['date'][:10]}, copy bandwidth "
+        f"{report['copy_bandwidth_TBps']:.2f} TB/s; CUDA-graph replay",
         fontsize=9,
     )
     fig.tight_layout()
@@ -350,6 +481,7 @@ def plot(report: dict[str, Any], png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("decode_kernel.json"))
+    parser.add_argument("--sglang", type=Path, help="folder holding sglang's two kernel modules")
     parser.add_argument("--configs", type=Path, help="a tune_decode_kernel.py JSON to run with")
     parser.add_argument("--plot", type=Path, help="draw this saved JSON instead of running")
     parser.add_argument("--png", type=Path, default=Path("decode_kernel.png"))
@@ -366,6 +498,7 @@ def main() -> None:
         raise SystemExit("decode_kernel.py needs a CUDA device")
     import triton
 
+    peers = load_peers(opts.sglang)
     bandwidth = copy_bandwidth()
     versions = {"torch": torch.__version__, "triton": triton.__version__}
     for name in ("helion", "fla-core"):
@@ -373,54 +506,27 @@ def main() -> None:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
+    versions["sglang"] = "0.5.23 (two kernel modules)" if peers else "not loaded"
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "device": torch.cuda.get_device_name(),
         "versions": versions,
         "copy_bandwidth_TBps": bandwidth / 1e12,
-        "shape": {"H": H, "HV": HV, "K": K, "V": V, "L": L},
         "configs": configs,
         "rows": [],
     }
-    print(f"{report['device']} {versions} copy {bandwidth / 1e12:.2f} TB/s")
-    header = (
-        f"{'state':5s} {'B':>4s} {'floor':>8s} {'ours graph':>10s} {'kernel':>8s} "
-        f"{'ours eager':>10s} {'fla graph':>9s} {'fla eager':>9s} {'GB/s':>6s} {'fla/ours':>8s}"
-    )
-    print(header)
-    for state_dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-        for batch in BATCHES:
-            row: dict[str, Any] = {"state": label, "B": batch}
-            row["bytes"] = step_bytes(batch, state_dtype)
-            row["floor_us"] = row["bytes"] / bandwidth * 1e6
-            row["ours"] = bench_ours(batch, state_dtype)
-            try:
-                row["fla"] = bench_fla(batch, state_dtype)
-            except Exception as error:  # report, keep going
-                row["fla"] = {"error": f"{type(error).__name__}: {error}"[:300]}
-            ours = row["ours"]["graph_us"]
-            fla = row["fla"].get("graph_us", float("nan"))
-            gbps = row["bytes"] / (ours * 1e-6) / 1e9
-            row["ours"]["GBps_graph"] = gbps
-            report["rows"].append(row)
-            print(
-                f"{label:5s} {batch:4d} {row['floor_us']:8.1f} {ours:10.1f} "
-                f"{row['ours']['graph_kernel_only_us']:8.1f} "
-                f"{row['ours']['eager_us']:10.1f} {fla:9.1f} "
-                f"{row['fla'].get('eager_us', float('nan')):9.1f} {gbps:6.0f} {fla / ours:8.2f}"
-            )
-            opts.out.write_text(json.dumps(report, indent=2))
+    print(f"{report['device']} {versions} copy {bandwidth / 1e12:.2f} TB/s", flush=True)
+    run_shape(KIMI, BATCHES, peers, bandwidth, report, opts.out)
+    bounded = {k: v for k, v in peers.items() if k == "sglang_helion"}
+    run_shape(K3_TP8, K3_BATCHES, bounded, bandwidth, report, opts.out)
     for row in report["rows"]:
-        if row["B"] == 1:
-            host = row["ours"]["host_us_per_call"]
+        if "host_us_per_call" in row:
+            host = row["host_us_per_call"]
+            print(f"{row['state']} B=1 host us per eager call: " + json.dumps(host))
+        if "agreement_vs_sglang_helion" in row and row["B"] in (16, 256):
             print(
-                f"{row['state']} B = 1 host us per eager call: replayssm_decode "
-                f"{host['replayssm_decode']:.1f}, ReplaySSMCache.decode {host['cache_decode']:.1f}"
-                f", validation {host['validation_only']:.1f}, dispatch + launch "
-                f"{host['dispatch_and_launch']:.1f} (views {host['views']:.1f}, "
-                f"index dtype {host['index_dtype']:.1f}, host function + launch "
-                f"{host.get('host_function_and_launch', float('nan')):.1f}), a torch add_ "
-                f"{host['torch_add_reference']:.1f}"
+                f"{row['shape']} {row['state']} B={row['B']} agreement: "
+                + json.dumps({k: f"{v:.2e}" for k, v in row["agreement_vs_sglang_helion"].items()})
             )
     print(f"wrote {opts.out}")
 

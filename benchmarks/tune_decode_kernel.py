@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from replaylint.kernels import _kernel
-from replaylint.kernels._configs import CONFIGS, config_key, fit_split, next_power_of_2, regime
-from replaylint.kernels._decode import kernel_tensors
-from replaylint.kernels._validate import validate_decode_args
+from replaylint.kernels._configs import CONFIGS, launch_config, regime
+from replaylint.kernels._decode import index_dtype, kernel_arguments, kernel_tensors
+from replaylint.kernels._validate import DecodeArgs, ValidDecode, validate_decode_args
 
 
 @dataclass(frozen=True)
@@ -52,73 +52,84 @@ def _kimi(batch: int, dtype: torch.dtype) -> Problem:
     return Problem(f"kimi-b{batch}-{label}", batch, 32, 32, 128, 16, dtype)
 
 
+def _k3(batch: int, dtype: torch.dtype) -> Problem:
+    label = "fp32" if dtype == torch.float32 else "bf16"
+    return Problem(f"k3tp8-b{batch}-{label}", batch, 12, 12, 128, 16, dtype, -5.0)
+
+
 # Each regime is tuned on the problems it serves.
 PROBLEMS: dict[str, list[Problem]] = {
-    "small": [
-        _kimi(1, torch.float32),
-        _kimi(4, torch.bfloat16),
-        Problem("k3tp8-b16-bf16", 16, 12, 12, 128, 16, torch.bfloat16, -5.0),
-    ],
-    "mid": [
-        _kimi(16, torch.float32),
-        _kimi(64, torch.float32),
-        _kimi(16, torch.bfloat16),
-        _kimi(64, torch.bfloat16),
-    ],
-    "fp32": [_kimi(256, torch.float32)],
-    "half": [_kimi(256, torch.bfloat16)],
+    "tiny-fp32": [_kimi(1, torch.float32), _k3(16, torch.float32)],
+    "tiny-half": [_kimi(1, torch.bfloat16), _k3(16, torch.bfloat16)],
+    "small-fp32": [_kimi(16, torch.float32)],
+    "small-half": [_kimi(16, torch.bfloat16)],
+    "mid-fp32": [_kimi(64, torch.float32), _k3(256, torch.float32)],
+    "mid-half": [_kimi(64, torch.bfloat16), _k3(256, torch.bfloat16)],
+    "large-fp32": [_kimi(256, torch.float32)],
+    "large-half": [_kimi(256, torch.bfloat16)],
 }
 
 
-def _config(split: int, block_v: int, num_warps: int, **extra: Any) -> dict[str, Any]:
+def _config(
+    split: int,
+    block_v: int = 16,
+    num_warps: int = 1,
+    flush: str = "dot",
+    num_stages: int = 1,
+    dot_precision: str = "tf32x3",
+) -> dict[str, Any]:
     return {
         "split": split,
+        "flush": flush,
+        "dot_precision": dot_precision,
         "block_sizes": [block_v],
         "num_warps": num_warps,
-        "num_stages": 1,
-        **extra,
+        "num_stages": num_stages,
     }
 
 
-def _resident(programs_per_sm: int, maxnreg: int | None) -> dict[str, Any]:
-    """A persistent grid of ``programs_per_sm`` programs per SM, registers capped at ``maxnreg``
-    (Helion accepts ``maxnreg`` only with a persistent ``pid_type``)."""
-    extra: dict[str, Any] = {
-        "pid_type": "persistent_interleaved",
-        "num_sm_multiplier": programs_per_sm,
-    }
-    if maxnreg is not None:
-        extra["maxnreg"] = maxnreg
-    return extra
-
-
-# (split, V tile, warps, extras) per regime; the first is the shipped one, which every other
-# candidate is checked against. History (H200): on 2026-11-29 a first version loaded its whole
-# slice at once; splits 8 and 16 lost everywhere (the K-side work is repeated by every slice's
-# program), then the V loop (tiles of 16, 2 warps) won at large B. The ncu profile of 2026-11-29
-# (session 2, docs/benchmarks.md) showed that kernel limited by registers (128 fp32 / 145 bf16
-# per thread: 25% / 18.75% occupancy) and instruction issue, not DRAM (53% / 32% of peak):
-# moving the flush out of the V loop cut bf16 to 128 registers; the candidates below cap the
-# registers further (persistent grids with maxnreg) to fit more programs per SM.
+# Candidates per regime size; the first is checked against every other on the same inputs.
+# History (H200): two warps per program and V tiles of 16 with the flush in a second pass over
+# the slice shipped before; a Triton probe of the non-flush step then reached 1.05x the
+# bandwidth floor (fp32, B = 256) with one warp per program, V tiles of 16 and lane-shuffle
+# K reductions, and lost with tensor-core dots for S0 @ [u_q, u_k]. The candidates below are
+# one-warp layouts with the flush folded into the V loop (its ring term as a matrix product
+# or row by row), against the two-warp layout.
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
-    "small": [_config(4, 32, 2), _config(2, 32, 4), _config(4, 32, 4)],
+    "tiny": [
+        _config(8, dot_precision="ieee"),
+        _config(8),
+        _config(8, flush="rows"),
+        _config(4, dot_precision="ieee"),
+        _config(8, num_warps=2, dot_precision="ieee"),
+    ],
+    "small": [
+        _config(2, dot_precision="ieee"),
+        _config(2),
+        _config(2, flush="rows"),
+        _config(4, dot_precision="ieee"),
+    ],
     "mid": [
-        _config(2, 16, 2),
-        _config(2, 16, 2, **_resident(12, 80)),
-        _config(2, 32, 4),
+        _config(2, dot_precision="ieee"),
+        _config(2),
+        _config(2, flush="rows"),
+        _config(1, dot_precision="ieee"),
     ],
     "large": [
-        _config(1, 16, 2),
-        _config(1, 16, 2, **_resident(8, None)),
-        _config(1, 16, 2, **_resident(10, 96)),
-        _config(1, 16, 2, **_resident(12, 80)),
-        _config(1, 16, 2, **_resident(16, 64)),
+        _config(1, dot_precision="ieee"),
+        _config(1),
+        _config(1, flush="rows"),
+        _config(1, 32),
+        _config(1, 8, flush="rows"),
+        _config(1, num_stages=2),
+        _config(2),
+        _config(1, num_warps=2),
     ],
 }
 
 
 def candidates(regime_name: str, quick: bool) -> list[dict[str, Any]]:
-    grid = CANDIDATES[regime_name if regime_name in ("small", "mid") else "large"]
+    grid = CANDIDATES[regime_name.split("-")[0]]
     return grid[:2] if quick else grid
 
 
@@ -143,7 +154,7 @@ def step_bytes(p: Problem) -> float:
     return p.batch * p.num_value_heads * per_head
 
 
-def make_args(p: Problem) -> tuple[Any, ...]:
+def make_args(p: Problem) -> ValidDecode:
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
     B, H, HV, K, L = p.batch, p.num_heads, p.num_value_heads, p.head_dim, p.ring_len
@@ -164,49 +175,31 @@ def make_args(p: Problem) -> tuple[Any, ...]:
     out = torch.empty(B, 1, HV, V, dtype=act, device=dev)
     idx = torch.randperm(slots, generator=gen, device=dev).to(torch.int32)
     write_pos = (torch.arange(B, device=dev) % L).to(torch.int32)
-    call = (mixed, a, b, A_log, dt_bias, K**-0.5, state, d, k, g, out, idx, write_pos)
-    rest = (None, True, p.lower_bound)
-    shapes = validate_decode_args(*call, *rest, reference=False)
-    return shapes, call, rest
+    args = DecodeArgs(
+        mixed, a, b, A_log, dt_bias, K**-0.5, state, d, k, g, out, idx, write_pos,
+        None, True, p.lower_bound,
+    )  # fmt: skip
+    return validate_decode_args(args, reference=False)
 
 
-def kernel_args(
-    p: Problem, split: int, prepared: tuple[Any, ...]
-) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
-    shapes, call, rest = prepared
-    tensors = kernel_tensors(shapes, fit_split(split, p.head_dim), *call[:5], *call[6:13], rest[0])
-    scalars = (
-        float(call[5]),
-        0.0 if p.lower_bound is None else float(p.lower_bound),
-        True,
-        p.lower_bound is not None,
-        False,
-        torch.int32,
-        False,
-    )
-    return tensors, scalars
-
-
-def time_config(p: Problem, config: dict[str, Any], prepared: tuple[Any, ...]) -> tuple[float, Any]:
+def time_config(p: Problem, config: dict[str, Any], valid: ValidDecode) -> tuple[float, Any]:
     import triton.testing
 
-    split = fit_split(config["split"], p.head_dim)
-    helion_config = {name: value for name, value in config.items() if name != "split"}
-    block_v = min(config["block_sizes"][0], next_power_of_2(p.head_dim // split))
-    helion_config["block_sizes"] = [block_v]
-    kernel = _kernel.compiled_kernel(config_key(helion_config), torch.int32)
-    tensors, scalars = kernel_args(p, config["split"], prepared)
-    call = prepared[1]
-    state, d, k, g, out = call[6], call[7], call[8], call[9], call[10]
+    launch = launch_config(config, p.head_dim, p.head_dim, p.ring_len)
+    offsets = index_dtype(kernel_tensors(valid, launch.split))
+    kernel = _kernel.compiled_kernel(launch.helion, offsets, launch.dot_precision)
+    body_args = kernel_arguments(valid, launch, offsets, interpret=False)
+    args = valid.args
+    state, d, k, g, out = args.initial_state, args.d_cache, args.k_cache, args.g_cache, args.out
     saved = [t.clone() for t in (state, d, k, g)]
 
     def restore() -> None:
         for t, s in zip((state, d, k, g), saved, strict=True):
             t.copy_(s)
 
-    kernel(*tensors, *scalars)  # compile
+    kernel(*body_args)  # compile
     restore()
-    kernel(*tensors, *scalars)
+    kernel(*body_args)
     result = (out.clone(), state.clone(), d.clone())
     restore()
     # do_bench_cudagraph starts on a fresh side stream that does not wait for this one: without
@@ -214,7 +207,7 @@ def time_config(p: Problem, config: dict[str, Any], prepared: tuple[Any, ...]) -
     torch.cuda.synchronize()
     # The same launch repeated: each replay starts from the state the last one left, which
     # moves the same bytes (cursors are fixed, so the same rows append and flush).
-    ms = triton.testing.do_bench_cudagraph(lambda: kernel(*tensors, *scalars), rep=100)
+    ms = triton.testing.do_bench_cudagraph(lambda: kernel(*body_args), rep=100)
     restore()
     return ms * 1e3, result
 
@@ -233,6 +226,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     parser.add_argument("--quick", action="store_true", help="the finalists only")
+    parser.add_argument("--regimes", help="comma-separated regime sizes (tiny,small,mid,large)")
     opts = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("tune_decode_kernel.py needs a CUDA device")
@@ -250,7 +244,10 @@ def main() -> None:
         "selected": {},
     }
     print(f"{report['device']}  copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    sizes = None if opts.regimes is None else set(opts.regimes.split(","))
     for name, problems in PROBLEMS.items():
+        if sizes is not None and name.split("-")[0] not in sizes:
+            continue
         for p in problems:
             pairs = p.batch * p.num_value_heads
             assert regime(p.state_dtype, pairs) == name, (p, name)

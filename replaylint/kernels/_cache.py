@@ -12,7 +12,7 @@ import torch
 
 from replaylint.guards import as_fp32_gate_cache
 from replaylint.kernels._decode import decode_with_cursor_step
-from replaylint.kernels._validate import STATE_DTYPES
+from replaylint.kernels._validate import STATE_DTYPES, DecodeArgs
 
 __all__ = ["ReplaySSMCache", "next_write_pos"]
 
@@ -168,7 +168,14 @@ class ReplaySSMCache:
         gathers the rows' cursors and advances them, and the decode kernel runs on the
         gathered values (two launches per step, no synchronisation).
         """
-        decode_with_cursor_step(
+        # The per-row cursors the cursor step fills (a non-tensor index argument is reported
+        # by the checks).
+        write_pos = (
+            torch.empty_like(ssm_state_indices)
+            if isinstance(ssm_state_indices, torch.Tensor)
+            else ssm_state_indices
+        )
+        args = DecodeArgs(
             mixed_qkv,
             a,
             b,
@@ -181,20 +188,23 @@ class ReplaySSMCache:
             self.g_cache,
             out,
             ssm_state_indices,
-            self.write_pos,
+            write_pos,
             force_flush,
             use_qk_l2norm_in_kernel,
             lower_bound,
         )
+        decode_with_cursor_step(args, self.write_pos)
         return out
 
     def reset(self, slots: Sequence[int] | torch.Tensor) -> None:
         """Start new sequences in ``slots``: zero state and rings, cursor 0.
 
-        Checks the indices on the host (a synchronisation for device tensors): keep it out of
-        captured CUDA graphs.
+        ``slots`` is integer slot indices (a sequence or an integer tensor), or a bool tensor of
+        length ``slots`` that marks the slots to clear. Float indices are refused rather than
+        truncated. Checks the indices on the host (a synchronisation for device tensors): keep
+        it out of captured CUDA graphs.
         """
-        index = torch.as_tensor(slots, dtype=torch.long).reshape(-1).to(self.device)
+        index = self._reset_index(slots)
         if index.numel():
             bad = (index < 0) | (index >= self.slots)
             if bool(bad.any()):
@@ -206,6 +216,26 @@ class ReplaySSMCache:
         self.k_cache.index_fill_(0, index, 0)
         self.g_cache.index_fill_(0, index, 0)
         self._cursors.index_fill_(0, index, 0)
+
+    def _reset_index(self, slots: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The slot indices ``reset`` clears, as a long tensor on the pool's device."""
+        if isinstance(slots, torch.Tensor):
+            given = slots
+        else:  # an empty sequence would come out as float32
+            given = torch.as_tensor(slots) if len(slots) else torch.zeros(0, dtype=torch.long)
+        if given.dtype == torch.bool:
+            mask = given.reshape(-1)
+            if mask.numel() != self.slots:
+                raise ValueError(
+                    f"slots: expected a bool mask of length {self.slots}, got {mask.numel()}"
+                )
+            return mask.to(self.device).nonzero().reshape(-1)
+        if given.dtype.is_floating_point or given.dtype.is_complex:
+            raise ValueError(
+                "slots: expected integer slot indices or a bool mask, got "
+                f"{given.dtype} values (float indices would be truncated)"
+            )
+        return given.to(device=self.device, dtype=torch.long).reshape(-1)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A snapshot (copies) of the pool and its cursors."""

@@ -1,82 +1,133 @@
 """Fixed launch configs for the decode kernel, one per regime, chosen on an H200.
 
 A config is the V split (how many programs share one (row, value head): each takes
-``V / split`` rows of the state) plus Helion's config: the V tile each program loops over
-(``block_sizes``), ``num_warps`` and ``num_stages`` (and, in tuning candidates, a persistent
-``pid_type`` with ``maxnreg``).
+``V / split`` rows of the state), how a flushing program forms its ring term (``"dot"``: one
+matrix product per V tile at ``dot_precision``; ``"rows"``: row by row over the ring), plus
+Helion's config: the V tile each program loops over (``block_sizes``), ``num_warps`` and
+``num_stages``.
 
-Chosen with ``benchmarks/tune_decode_kernel.py`` (2026-11-29, session 2, NVIDIA H200, torch
-2.11, triton 3.6, helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``) for the kernel
-body whose flush runs outside the V loop. Kernel-only times under CUDA-graph replay of one
-repeated launch, steady-state cursors (1 row in 16 flushes), H = HV = 32, K = V = 128:
+Chosen with ``benchmarks/tune_decode_kernel.py`` on one NVIDIA H200 (torch 2.11, triton 3.6,
+helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``, summary in
+docs/benchmarks.md): kernel-only times under CUDA-graph replay, steady-state cursors (1 row in
+16 flushes), H = HV = 32, K = V = 128 and Kimi-K3's TP8 shape (HV = 12, lower bound -5).
+One warp per program won every regime (summed over the regime's problems): the K reductions
+stay inside a warp (lane shuffles, no shared-memory round trips or barriers) and an SM holds
+the most programs, so the most loads are in flight. The flush's ring term as an exact float32
+("ieee") matrix product beat its tf32x3 tensor-core form wherever both were timed (the tf32x3
+operand splits double the live registers); walking the ring row by row won for bf16 state at
+large B. The "mid" regime was timed with tf32x3 candidates only (split 2 won); it ships split 2
+with the ieee product, as its neighbours do (docs/benchmarks.md has its numbers in that config).
 
-* ``small`` (B * HV < 512): split 4, V tile 32, 2 warps: B = 1 fp32 4.9 us, B = 4 bf16 7.0 us,
-  K3 TP8 (HV = 12, lb = -5) B = 16 bf16 12.0 us;
-* ``mid`` (512 <= B * HV < 4096): split 2, V tile 16, 2 warps: B = 16 / 64 fp32 29.7 / 84.7 us,
-  bf16 25.2 / 69.5 us;
-* ``fp32`` / ``half`` (larger launches): split 1, V tile 16, 2 warps: B = 256 265.3 / 220.6 us.
-  Persistent grids with capped registers (``maxnreg`` 96 / 80 / 64, 10 / 12 / 16 programs per
-  SM) were 284.5 / 277.6 / 313.0 us (fp32) and 228.1 / 217.7 / 253.2 us (bf16); the tuner
-  picked maxnreg 80 for bf16 by 1.3%, but in the decode benchmark (16 launches with different
-  inputs and rotating flush rows) it ran at 250.3 us against ~220 us for this flat grid, whose
-  hardware scheduler balances the longer flushing programs; so the flat grid ships everywhere.
-
-Every candidate was checked against the first on the same inputs: outputs, state and rings
-agree to 1e-5 (fp32) / 5e-3 (bf16 outputs). The kernel never autotunes at call time: a call
-picks one of these by the number of (row, value head) pairs it launches and the state's dtype.
+The kernel never autotunes at call time: a call picks one of these by the number of
+(row, value head) pairs it launches and the state's dtype.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 __all__ = [
+    "CONFIGS",
+    "Config",
     "ConfigKey",
+    "LaunchConfig",
     "config_from_key",
     "config_key",
+    "launch_config",
+    "next_power_of_2",
     "regime",
-    "select_config",
 ]
 
-# Plain dicts: "split" for the launch, the rest are helion.Config keyword arguments (helion is
-# imported only when a kernel runs).
+# Plain dicts: "split", "flush" and "dot_precision" for the launch, the rest are helion.Config
+# keyword arguments (helion is imported only when a kernel runs).
 Config = dict[str, Any]
 
-# Regimes by the number of (row, value head) pairs B * HV: "small" (e.g. B < 16 at 32 heads,
-# or 4 / 12 local heads at TP8), "mid", then the large regimes by state dtype.
-SMALL_PAIRS = 512
+# Regimes by the number of (row, value head) pairs B * HV ("tiny": B < 16 at 32 heads, or
+# a few rows at 4 / 12 local heads; "small": B = 16..31; "mid": up to B = 127), then the
+# state dtype ("fp32" or "half" for bf16 / fp16).
+TINY_PAIRS = 512
+SMALL_PAIRS = 1024
 MID_PAIRS = 4096
 
+_LAUNCH_KEYS = ("split", "flush", "dot_precision")
+
+
+def _one_warp(split: int, flush: str = "dot") -> Config:
+    return {
+        "split": split,
+        "flush": flush,
+        "dot_precision": "ieee",
+        "block_sizes": [16],
+        "num_warps": 1,
+        "num_stages": 1,
+    }
+
+
 CONFIGS: dict[str, Config] = {
-    "small": {"split": 4, "block_sizes": [32], "num_warps": 2, "num_stages": 1},
-    "mid": {"split": 2, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
-    "fp32": {"split": 1, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
-    "half": {"split": 1, "block_sizes": [16], "num_warps": 2, "num_stages": 1},
+    "tiny-fp32": _one_warp(4),
+    "tiny-half": _one_warp(8),
+    "small-fp32": _one_warp(2),
+    "small-half": _one_warp(2),
+    "mid-fp32": _one_warp(2),
+    "mid-half": _one_warp(2),
+    "large-fp32": _one_warp(1),
+    "large-half": _one_warp(1, flush="rows"),
 }
 
 
 def regime(state_dtype: torch.dtype, pairs: int) -> str:
     """The regime a launch falls in: by its (row, value head) count, then the state dtype."""
-    if pairs < SMALL_PAIRS:
-        return "small"
-    if pairs < MID_PAIRS:
-        return "mid"
-    return "fp32" if state_dtype == torch.float32 else "half"
+    if pairs < TINY_PAIRS:
+        size = "tiny"
+    elif pairs < SMALL_PAIRS:
+        size = "small"
+    elif pairs < MID_PAIRS:
+        size = "mid"
+    else:
+        size = "large"
+    return f"{size}-{'fp32' if state_dtype == torch.float32 else 'half'}"
 
 
-def select_config(
-    state_dtype: torch.dtype, pairs: int, head_v_dim: int, configs: dict[str, Config] | None = None
-) -> tuple[int, Config]:
-    """The V split and the Helion config for a launch (the split made to divide V, the V tile
-    clipped to the slice)."""
-    chosen = (CONFIGS if configs is None else configs)[regime(state_dtype, pairs)]
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything a launch fixes: the V split, the flush form, and Helion's config."""
+
+    split: int
+    block_v: int
+    flush_by_dot: bool
+    dot_precision: str
+    helion: ConfigKey  # hashable helion.Config keyword arguments
+
+
+def launch_config(config: Config, head_k_dim: int, head_v_dim: int, ring_len: int) -> LaunchConfig:
+    """A regime's config fitted to a shape: the split made to divide V, the V tile clipped to
+    the slice, and the flush's matrix product used only where every dimension is >= 16 (the
+    tensor-core minimum; smaller shapes walk the ring row by row)."""
+    return _fitted(config_key(config), head_k_dim, head_v_dim, ring_len)
+
+
+@functools.lru_cache(maxsize=256)
+def _fitted(config: ConfigKey, head_k_dim: int, head_v_dim: int, ring_len: int) -> LaunchConfig:
+    chosen = config_from_key(config)
     split = fit_split(int(chosen["split"]), head_v_dim)
-    helion_config = {name: value for name, value in chosen.items() if name != "split"}
+    helion_config = {name: value for name, value in chosen.items() if name not in _LAUNCH_KEYS}
     block_v = min(int(helion_config["block_sizes"][0]), next_power_of_2(head_v_dim // split))
     helion_config["block_sizes"] = [block_v]
-    return split, helion_config
+    by_dot = (
+        chosen.get("flush", "rows") == "dot"
+        and min(block_v, next_power_of_2(ring_len), next_power_of_2(head_k_dim)) >= 16
+    )
+    return LaunchConfig(
+        split=split,
+        block_v=block_v,
+        flush_by_dot=by_dot,
+        dot_precision=str(chosen.get("dot_precision", "tf32x3")),
+        helion=config_key(helion_config),
+    )
 
 
 def next_power_of_2(n: int) -> int:

@@ -3,11 +3,11 @@
 Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
 lazily, on the first kernel call.
 
-One program per (V slice, value head hv, row b): the value dimension is split into ``NS``
-slices of ``BVs = V / NS`` rows, so a launch has ``NS * HV * B`` programs (the split is chosen
-per regime in ``_configs.py``: 4 / 2 for small / mid launches, 1 at large B, where the K-side
-work below, repeated per slice, costs more than the extra programs gain). The V slice is the
-fastest-varying grid index, so the programs of one (row, head) run side by side and share
+One program per (V slice, value head hv, row b), one warp each (the configs in
+``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
+launch has ``NS * HV * B`` programs (8 / 4 / 2 slices for small launches, 1 at large B, where the
+K-side work below, repeated per slice, costs more than the extra programs gain). The V slice is
+the fastest-varying grid index, so the programs of one (row, head) run side by side and share
 their ring reads through L2. In each program:
 
 1. scalars and K-vectors: cursor, flush flag; q, k (optionally L2-normalised), the gate g,
@@ -17,10 +17,9 @@ their ring reads through L2. In each program:
    ``alpha * q_s`` and ``alpha * k`` into two length-L weight vectors;
 3. a loop over the slice's V tiles: each reads its rows of the checkpoint S0 and of the live
    d rows once and computes ``S @ x = S0 @ (exp(G_T) * x) + D^T (W @ x)`` without forming S,
-   writes ``out`` and appends the d row;
-4. only in a flushing program (1 in L), a second walk over the tiles re-reads them, forms S
-   (row by row over the ring) and writes S_new back. Keeping the flush out of the main loop
-   keeps that loop's registers low (measured with ncu on the H200, see docs/benchmarks.md).
+   writes ``out``, and then either appends the d row or, in the 1 program in L that flushes,
+   writes the tile's S_new from the values already loaded (its ring term ``D^T (W * alpha)``
+   as one matrix product per tile, or row by row over the ring).
 
 All arithmetic is float32 whatever the storage dtypes.
 """
@@ -67,6 +66,7 @@ def replayssm_decode_body(
     bounded: hl.constexpr,
     has_force_flush: hl.constexpr,
     slot_dtype: hl.constexpr,  # torch.int64 when offsets pass int32 (huge pool views)
+    flush_by_dot: hl.constexpr,  # the flush's ring term as one matrix product per V tile
     interpret: hl.constexpr,
 ) -> None:
     B = q.size(0)
@@ -128,11 +128,16 @@ def replayssm_decode_body(
             w_k = torch.sum(w * ak[None, :], 1)
             kq = torch.sum(kv * qs, -1)
 
-            # 3. This program's V slice in tiles: read S0 and the live d rows once, emit out and
-            #    (unless flushing) the appended d row. No flush work in this loop: a flat loop
-            #    keeps the registers of the common path low (bf16 state: 145 -> 128 per thread,
-            #    one more resident program per SM). S0 is streamed (read once, except by the 1 in
-            #    L flushing programs), so its lines are marked first for eviction from L2.
+            # 3. This program's V slice in tiles: read S0 and the live d rows once and emit
+            #    out; then either append the d row or, in the 1 program in L that flushes,
+            #    write S_new for the tile from the values already loaded (S0 is read once per
+            #    step whether the row flushes or not). S0 is streamed, so its lines are marked
+            #    first for eviction from L2.
+            # For the flush's rank-c update D^T [BV, L] @ (W * alpha) [L, K] as one matrix
+            # product per tile (rows j >= c of W are zero); unused (and dropped by the
+            # compiler) when the flush walks the ring row by row.
+            w_alpha = w * alpha[None, :]
+            e_alpha = e_total * alpha
             for tv in hl.tile(BVs, block_size=block_v):
                 if interpret:  # (the interpreter's hl.load mishandles this index mix)
                     s0 = state[slot, hv, vs, tv, :].to(torch.float32)
@@ -155,43 +160,28 @@ def replayssm_decode_body(
                 state_k = torch.sum(s0 * u_k[None, :], 1) + torch.sum(d_ring * w_k[:, None], 0)
                 delta = beta * (v[bi, hv, vs, tv].to(torch.float32) - state_k)
                 out[bi, hv, vs, tv] = (state_q + delta * kq).to(out.dtype)
-                if not flush:
-                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
-            if flush:
-                # 1 program in L: walk the slice again, recomputing delta per tile from the
-                # re-read S0 tile and d rows, and form S = S0 * exp(G_T) + sum_j d_j (x) W_j
-                # row by row. A matmul over the ring would keep a replicated copy of W live in
-                # registers in every program; re-reading the ring rows (cached) is cheaper.
-                for tv in hl.tile(BVs, block_size=block_v):
-                    if interpret:
-                        s0_t = state[slot, hv, vs, tv, :].to(torch.float32)
+                if flush:
+                    # S_new = S0 * (exp(G_T) * alpha) + sum_j d_j (x) (W_j * alpha) + delta (x) k
+                    s_new = s0 * e_alpha[None, :] + delta[:, None] * kv[None, :]
+                    if flush_by_dot:
+                        if interpret:  # (the interpreter's hl.dot has no CPU float32 path)
+                            s_new = s_new + torch.matmul(torch.transpose(d_ring, 0, 1), w_alpha)
+                        else:
+                            s_new = hl.dot(torch.transpose(d_ring, 0, 1), w_alpha, acc=s_new)
                     else:
-                        s0_t = hl.load(
-                            state, [slot, hv, vs, tv, slice(None)], eviction_policy="evict_first"
-                        ).to(torch.float32)
-                    if interpret:
-                        # Same values; the interpreter's masked load does not take this index mix.
-                        d_t = torch.where(
-                            live[:, None], d_cache[slot, hv, :, vs, tv].to(torch.float32), 0.0
-                        )
-                    else:
-                        d_t = hl.load(
-                            d_cache,
-                            [slot, hv, slice(None), vs, tv],
-                            extra_mask=live[:, None] & (tv.index[None, :] >= 0),
-                        ).to(torch.float32)  # [L, BV]
-                    sk_t = torch.sum(s0_t * u_k[None, :], 1) + torch.sum(d_t * w_k[:, None], 0)
-                    delta_t = beta * (v[bi, hv, vs, tv].to(torch.float32) - sk_t)
-                    s_full = s0_t * e_total[None, :]
-                    g_run = hl.zeros([K], dtype=torch.float32)
-                    for j in hl.grid(c):
-                        g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
-                        w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(torch.float32)
-                        d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
-                        s_full = s_full + d_j[:, None] * w_j[None, :]
-                    s_new = s_full * alpha[None, :] + delta_t[:, None] * kv[None, :]
+                        # Row by row over the live ring rows (any tile or ring size).
+                        g_run = hl.zeros([K], dtype=torch.float32)
+                        for j in hl.grid(c):
+                            g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
+                            w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(
+                                torch.float32
+                            )
+                            d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
+                            s_new = s_new + d_j[:, None] * (w_j * alpha)[None, :]
                     state[slot, hv, vs, tv, :] = s_new.to(state.dtype)
-            else:
+                else:
+                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
+            if not flush:  # noqa: SIM102 (device branches, nested as Helion traces them)
                 if vs == 0:  # one writer per (row, head) for the K-side rows
                     g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
                     if hv % group == 0:  # and one per key head under GQA
@@ -236,24 +226,30 @@ _SETTINGS: dict[str, Any] = {"static_shapes": False}
 
 
 @functools.cache
-def compiled_kernel(config: ConfigKey, index_dtype: torch.dtype) -> Any:
-    """The compiled (Triton) decode kernel for one fixed config; never autotunes."""
+def compiled_kernel(config: ConfigKey, index_dtype: torch.dtype, dot_precision: str) -> Any:
+    """The compiled (Triton) decode kernel for one fixed config; never autotunes.
+
+    ``dot_precision`` is the float32 matrix-product precision of the flush's ring term
+    ("tf32x3": three tf32 tensor-core products, near float32 accuracy; "ieee": exact float32
+    multiply-adds)."""
     return helion.kernel(
         replayssm_decode_body,
         config=helion.Config(**config_from_key(config)),
         ref_mode=RefMode.OFF,
         index_dtype=index_dtype,
+        dot_precision=dot_precision,
         **_SETTINGS,
     )
 
 
 @functools.cache
-def interpreted_kernel(block_v: int) -> Any:
+def interpreted_kernel(block_v: int, dot_precision: str) -> Any:
     """The same body run eagerly by Helion's interpreter (``RefMode.EAGER``), for CPU tensors."""
     return helion.kernel(
         replayssm_decode_body,
         config=helion.Config(block_sizes=[block_v]),
         ref_mode=RefMode.EAGER,
+        dot_precision=dot_precision,
         **_SETTINGS,
     )
 

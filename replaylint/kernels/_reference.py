@@ -21,7 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from replaylint.kernels._validate import (
+    DecodeArgs,
     DecodeShapes,
+    RecurrentArgs,
+    TokenArgs,
     validate_decode_args,
     validate_recurrent_args,
 )
@@ -52,37 +55,29 @@ def _l2_normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def _token_inputs(
-    row: int,
-    mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    scale: float,
-    use_qk_l2norm: bool,
-    lower_bound: float | None,
-    shapes: DecodeShapes,
-    dtype: torch.dtype,
+    row: int, args: TokenArgs, shapes: DecodeShapes, dtype: torch.dtype
 ) -> _TokenInputs:
     """Unpack row ``row`` of the packed projections and compute its gate and beta."""
     H, HV = shapes.num_heads, shapes.num_value_heads
     K, V = shapes.head_k_dim, shapes.head_v_dim
-    packed = mixed_qkv[row].to(dtype)
+    packed = args.mixed_qkv[row].to(dtype)
     q = packed[: H * K].reshape(H, K)
     k = packed[H * K : 2 * H * K].reshape(H, K)
     v = packed[2 * H * K :].reshape(HV, V)
-    if use_qk_l2norm:
+    if args.use_qk_l2norm_in_kernel:
         q, k = _l2_normalize(q), _l2_normalize(k)
     group = HV // H  # value head hv reads key head hv // group
-    q_scaled = (q * scale).repeat_interleave(group, dim=0)
+    q_scaled = (q * float(args.scale)).repeat_interleave(group, dim=0)
 
-    x = a[row].reshape(HV, K).to(dtype) + dt_bias.reshape(HV, K).to(dtype)
-    A = torch.exp(A_log.to(dtype))[:, None]
+    x = args.a[row].reshape(HV, K).to(dtype) + args.dt_bias.reshape(HV, K).to(dtype)
+    A = torch.exp(args.A_log.to(dtype))[:, None]
+    lower_bound = args.lower_bound
     if lower_bound is None:  # noqa: SIM108 (the two gates read best side by side)
         g = -A * F.softplus(x)  # softplus(x) = x for x > 20, as the contract says
     else:
         g = lower_bound * torch.sigmoid(A * x)
     # beta is rounded through b's dtype before use, as sglang does.
+    b = args.b
     beta = torch.sigmoid(b[row].to(dtype)).to(b.dtype).to(dtype)
     return _TokenInputs(
         q_scaled=q_scaled,
@@ -138,7 +133,7 @@ def replayssm_decode_reference(
     advances the cursors (see :func:`replaylint.kernels.next_write_pos`).
     Returns ``(out, initial_state)``.
     """
-    shapes = validate_decode_args(
+    args = DecodeArgs(
         mixed_qkv,
         a,
         b,
@@ -155,8 +150,8 @@ def replayssm_decode_reference(
         force_flush,
         use_qk_l2norm_in_kernel,
         lower_bound,
-        reference=True,
     )
+    shapes = validate_decode_args(args, reference=True).shapes
     dtype = _compute_dtype(mixed_qkv, initial_state, d_cache, k_cache, g_cache)
     L = shapes.ring_len
     group = shapes.num_value_heads // shapes.num_heads
@@ -165,19 +160,7 @@ def replayssm_decode_reference(
         if slot is None:
             out[row].zero_()
             continue
-        t = _token_inputs(
-            row,
-            mixed_qkv,
-            a,
-            b,
-            A_log,
-            dt_bias,
-            float(scale),
-            use_qk_l2norm_in_kernel,
-            lower_bound,
-            shapes,
-            dtype,
-        )
+        t = _token_inputs(row, args, shapes, dtype)
         c = min(max(int(write_pos[row].item()), 0), L - 1)
         flush = c == L - 1 or (force_flush is not None and int(force_flush[row].item()) != 0)
 
@@ -233,7 +216,7 @@ def recurrent_decode_reference(
 
     H is read off ``mixed_qkv``'s width. Returns ``(out, state)``.
     """
-    shapes = validate_recurrent_args(
+    args = RecurrentArgs(
         mixed_qkv,
         a,
         b,
@@ -246,25 +229,14 @@ def recurrent_decode_reference(
         use_qk_l2norm_in_kernel,
         lower_bound,
     )
+    shapes = validate_recurrent_args(args)
     dtype = _compute_dtype(mixed_qkv, state)
     for row in range(shapes.batch):
         slot = _row_slot(ssm_state_indices, row, shapes.slots)
         if slot is None:
             out[row].zero_()
             continue
-        t = _token_inputs(
-            row,
-            mixed_qkv,
-            a,
-            b,
-            A_log,
-            dt_bias,
-            float(scale),
-            use_qk_l2norm_in_kernel,
-            lower_bound,
-            shapes,
-            dtype,
-        )
+        t = _token_inputs(row, args, shapes, dtype)
         S = state[slot].to(dtype) * torch.exp(t.g)[:, None, :]
         delta = t.beta[:, None] * (t.v - torch.einsum("hvk,hk->hv", S, t.k))
         S = S + delta[:, :, None] * t.k[:, None, :]

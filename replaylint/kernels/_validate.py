@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -28,6 +29,77 @@ class DecodeShapes:
     head_v_dim: int  # V
     ring_len: int  # L
     slots: int  # sequences in the state pool
+
+
+class DecodeArgs(NamedTuple):
+    """The arguments of one ReplaySSM decode step, in the public (sglang) order, unchecked."""
+
+    mixed_qkv: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    scale: float
+    initial_state: torch.Tensor
+    d_cache: torch.Tensor
+    k_cache: torch.Tensor
+    g_cache: torch.Tensor
+    out: torch.Tensor
+    ssm_state_indices: torch.Tensor
+    write_pos: torch.Tensor
+    force_flush: torch.Tensor | None = None
+    use_qk_l2norm_in_kernel: bool = False
+    lower_bound: float | None = None
+
+
+class RecurrentArgs(NamedTuple):
+    """The arguments of one plain KDA decode step (a full state per slot), unchecked."""
+
+    mixed_qkv: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    scale: float
+    state: torch.Tensor
+    out: torch.Tensor
+    ssm_state_indices: torch.Tensor
+    use_qk_l2norm_in_kernel: bool = False
+    lower_bound: float | None = None
+
+
+class TokenArgs(Protocol):
+    """What both steps take per token (the fields :class:`DecodeArgs` and
+    :class:`RecurrentArgs` share)."""
+
+    @property
+    def mixed_qkv(self) -> torch.Tensor: ...
+    @property
+    def a(self) -> torch.Tensor: ...
+    @property
+    def b(self) -> torch.Tensor: ...
+    @property
+    def A_log(self) -> torch.Tensor: ...
+    @property
+    def dt_bias(self) -> torch.Tensor: ...
+    @property
+    def scale(self) -> float: ...
+    @property
+    def out(self) -> torch.Tensor: ...
+    @property
+    def ssm_state_indices(self) -> torch.Tensor: ...
+    @property
+    def use_qk_l2norm_in_kernel(self) -> bool: ...
+    @property
+    def lower_bound(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class ValidDecode:
+    """Decode arguments that passed :func:`validate_decode_args`, with their sizes."""
+
+    args: DecodeArgs
+    shapes: DecodeShapes
 
 
 def _fail(name: str, expected: str, got: object, hint: str = "") -> ValueError:
@@ -119,16 +191,7 @@ def _same_device(named: list[tuple[str, torch.Tensor]], device: torch.device) ->
 
 
 def _check_step_inputs(
-    mixed_qkv: object,
-    a: object,
-    b: object,
-    A_log: object,
-    dt_bias: object,
-    scale: object,
-    out: object,
-    ssm_state_indices: object,
-    use_qk_l2norm_in_kernel: object,
-    lower_bound: object,
+    args: TokenArgs,
     *,
     num_heads: int,
     num_value_heads: int,
@@ -140,7 +203,7 @@ def _check_step_inputs(
 
     Returns the batch size and the checked tensors (for the device check).
     """
-    qkv = _tensor("mixed_qkv", mixed_qkv)
+    qkv = _tensor("mixed_qkv", args.mixed_qkv)
     _rank("mixed_qkv", qkv, (2,), "[B, 2*H*K + HV*V]")
     batch = qkv.size(0)
     width = 2 * num_heads * head_k_dim + num_value_heads * head_v_dim
@@ -148,7 +211,7 @@ def _check_step_inputs(
     _floating("mixed_qkv", qkv)
     _last_dim_contiguous("mixed_qkv", qkv)
 
-    a_t = _tensor("a", a)
+    a_t = _tensor("a", args.a)
     _rank("a", a_t, (2, 3), "[B, HV, K] or [B, HV*K]")
     if a_t.dim() == 3:
         _shape("a", a_t, (batch, num_value_heads, head_k_dim), "[B, HV, K]")
@@ -157,18 +220,18 @@ def _check_step_inputs(
     _floating("a", a_t)
     _contiguous("a", a_t)
 
-    b_t = _tensor("b", b)
+    b_t = _tensor("b", args.b)
     _rank("b", b_t, (2,), "[B, HV]")
     _shape("b", b_t, (batch, num_value_heads), "[B, HV]")
     _floating("b", b_t)
 
     fp32_params = _GATE_DTYPES_REFERENCE if reference else (torch.float32,)
-    a_log = _tensor("A_log", A_log)
+    a_log = _tensor("A_log", args.A_log)
     _rank("A_log", a_log, (1,), "[HV]")
     _shape("A_log", a_log, (num_value_heads,), "[HV]")
     _floating("A_log", a_log, fp32_params)
 
-    bias = _tensor("dt_bias", dt_bias)
+    bias = _tensor("dt_bias", args.dt_bias)
     _rank("dt_bias", bias, (1, 2), "[HV, K] or [HV*K]")
     if bias.dim() == 2:
         _shape("dt_bias", bias, (num_value_heads, head_k_dim), "[HV, K]")
@@ -177,24 +240,27 @@ def _check_step_inputs(
     _floating("dt_bias", bias, fp32_params)
     _contiguous("dt_bias", bias)
 
+    scale = args.scale
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise _fail("scale", "a Python float (usually K ** -0.5)", type(scale).__name__)
     if not math.isfinite(scale):
         raise _fail("scale", "a finite float", scale)
 
-    o = _tensor("out", out)
+    o = _tensor("out", args.out)
     _rank("out", o, (4,), "[B, 1, HV, V]")
     _shape("out", o, (batch, 1, num_value_heads, head_v_dim), "[B, 1, HV, V]")
     _floating("out", o)
     _contiguous("out", o)
 
-    idx = _tensor("ssm_state_indices", ssm_state_indices)
+    idx = _tensor("ssm_state_indices", args.ssm_state_indices)
     _rank("ssm_state_indices", idx, (1,), "[B]")
     _shape("ssm_state_indices", idx, (batch,), "[B]")
     _int32("ssm_state_indices", idx)
 
-    if not isinstance(use_qk_l2norm_in_kernel, bool):
-        raise _fail("use_qk_l2norm_in_kernel", "a bool", type(use_qk_l2norm_in_kernel).__name__)
+    use_l2 = args.use_qk_l2norm_in_kernel
+    if not isinstance(use_l2, bool):
+        raise _fail("use_qk_l2norm_in_kernel", "a bool", type(use_l2).__name__)
+    lower_bound = args.lower_bound
     if lower_bound is not None:
         if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
             raise _fail("lower_bound", "None or a negative float", type(lower_bound).__name__)
@@ -216,34 +282,35 @@ def _check_step_inputs(
     return batch, named
 
 
-def validate_decode_args(
-    mixed_qkv: object,
-    a: object,
-    b: object,
-    A_log: object,
-    dt_bias: object,
-    scale: object,
-    initial_state: object,
-    d_cache: object,
-    k_cache: object,
-    g_cache: object,
-    out: object,
-    ssm_state_indices: object,
-    write_pos: object,
-    force_flush: object,
-    use_qk_l2norm_in_kernel: object,
-    lower_bound: object,
-    *,
-    reference: bool,
-) -> DecodeShapes:
-    """Check every argument of a ReplaySSM decode step and return its sizes.
+def _no_internal_overlap(name: str, t: torch.Tensor) -> None:
+    """Reject a view in which two indices address one element (an expanded or zero-stride
+    pool view): a write for one slot would land in others. Metadata only; conservative for
+    exotic interleaved strides, exact for every layout a pool view takes."""
+    dims = sorted(
+        (abs(int(st)), int(n)) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1
+    )
+    reach = 0  # the largest offset the smaller-stride dims reach
+    for stride, size in dims:
+        if stride <= reach:
+            raise _fail(
+                name,
+                "a view whose elements do not overlap (no zero or expanded strides)",
+                f"shape {tuple(t.shape)} with strides {tuple(t.stride())}",
+                "Every slot needs its own memory: pass a real pool, not an expanded view.",
+            )
+        reach += (size - 1) * stride
+
+
+def validate_decode_args(args: DecodeArgs, *, reference: bool) -> ValidDecode:
+    """Check every argument of a ReplaySSM decode step; return them with their sizes.
 
     ``reference=True`` is the plain-PyTorch oracle's contract: float64 is allowed anywhere and
     the gate cache must be float32 or float64. ``reference=False`` is the kernel's contract:
-    state fp32/bf16/fp16, A_log/dt_bias fp32; the gate cache's dtype is left to
-    ``replaylint.guards.fp32_gate_cache``, which the kernel entry wears.
+    state fp32/bf16/fp16, A_log/dt_bias fp32, a floating-point gate cache (the
+    ``replaylint.guards.fp32_gate_cache`` guard on the public entry decides, by its policy,
+    what a gate cache other than float32 does).
     """
-    state = _tensor("initial_state", initial_state)
+    state = _tensor("initial_state", args.initial_state)
     _rank("initial_state", state, (4,), "[slots, HV, V, K]")
     slots, num_value_heads, head_v_dim, head_k_dim = state.shape
     _floating("initial_state", state, _REFERENCE_STATE_DTYPES if reference else STATE_DTYPES)
@@ -251,7 +318,7 @@ def validate_decode_args(
     device = state.device
     _has_data("initial_state", device)
 
-    d = _tensor("d_cache", d_cache)
+    d = _tensor("d_cache", args.d_cache)
     _rank("d_cache", d, (4,), "[slots, HV, L, V]")
     ring_len = d.size(2)
     if ring_len < 1:
@@ -260,7 +327,7 @@ def validate_decode_args(
     _floating("d_cache", d)
     _last_dim_contiguous("d_cache", d)
 
-    k = _tensor("k_cache", k_cache)
+    k = _tensor("k_cache", args.k_cache)
     _rank("k_cache", k, (4,), "[slots, H, L, K]")
     num_heads = k.size(1)
     if num_heads < 1 or num_value_heads % num_heads != 0:
@@ -279,43 +346,35 @@ def validate_decode_args(
         )
     _last_dim_contiguous("k_cache", k)
 
-    g = _tensor("g_cache", g_cache)
+    g = _tensor("g_cache", args.g_cache)
     _rank("g_cache", g, (4,), "[slots, HV, L, K]")
     _shape("g_cache", g, (slots, num_value_heads, ring_len, head_k_dim), "[slots, HV, L, K]")
-    if reference:
-        _floating("g_cache", g, _GATE_DTYPES_REFERENCE)
+    _floating("g_cache", g, _GATE_DTYPES_REFERENCE if reference else None)
     _last_dim_contiguous("g_cache", g)
+    for name, pool in (("initial_state", state), ("d_cache", d), ("k_cache", k), ("g_cache", g)):
+        _no_internal_overlap(name, pool)
 
     batch, named = _check_step_inputs(
-        mixed_qkv,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        scale,
-        out,
-        ssm_state_indices,
-        use_qk_l2norm_in_kernel,
-        lower_bound,
+        args,
         num_heads=num_heads,
         num_value_heads=num_value_heads,
         head_k_dim=head_k_dim,
         head_v_dim=head_v_dim,
         reference=reference,
     )
-    pos = _tensor("write_pos", write_pos)
+    pos = _tensor("write_pos", args.write_pos)
     _rank("write_pos", pos, (1,), "[B]")
     _shape("write_pos", pos, (batch,), "[B]")
     _int32("write_pos", pos)
     named += [("d_cache", d), ("k_cache", k), ("g_cache", g), ("write_pos", pos)]
-    if force_flush is not None:
-        ff = _tensor("force_flush", force_flush)
+    if args.force_flush is not None:
+        ff = _tensor("force_flush", args.force_flush)
         _rank("force_flush", ff, (1,), "[B]")
         _shape("force_flush", ff, (batch,), "[B]")
         _int32("force_flush", ff)
         named.append(("force_flush", ff))
     _same_device(named, device)
-    return DecodeShapes(
+    shapes = DecodeShapes(
         batch=batch,
         num_heads=num_heads,
         num_value_heads=num_value_heads,
@@ -324,31 +383,20 @@ def validate_decode_args(
         ring_len=ring_len,
         slots=slots,
     )
+    return ValidDecode(args, shapes)
 
 
-def validate_recurrent_args(
-    mixed_qkv: object,
-    a: object,
-    b: object,
-    A_log: object,
-    dt_bias: object,
-    scale: object,
-    state: object,
-    out: object,
-    ssm_state_indices: object,
-    use_qk_l2norm_in_kernel: object,
-    lower_bound: object,
-) -> DecodeShapes:
+def validate_recurrent_args(args: RecurrentArgs) -> DecodeShapes:
     """Check the arguments of the plain recurrence (a full state per slot, no ring).
 
     H is read off mixed_qkv's width, 2*H*K + HV*V.
     """
-    s = _tensor("state", state)
+    s = _tensor("state", args.state)
     _rank("state", s, (4,), "[slots, HV, V, K]")
     slots, num_value_heads, head_v_dim, head_k_dim = s.shape
     _floating("state", s, _REFERENCE_STATE_DTYPES)
     _has_data("state", s.device)
-    qkv = _tensor("mixed_qkv", mixed_qkv)
+    qkv = _tensor("mixed_qkv", args.mixed_qkv)
     _rank("mixed_qkv", qkv, (2,), "[B, 2*H*K + HV*V]")
     key_width = qkv.size(1) - num_value_heads * head_v_dim
     num_heads = key_width // (2 * head_k_dim) if head_k_dim > 0 else 0
@@ -360,16 +408,7 @@ def validate_recurrent_args(
             f"width {qkv.size(1)}",
         )
     batch, named = _check_step_inputs(
-        mixed_qkv,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        scale,
-        out,
-        ssm_state_indices,
-        use_qk_l2norm_in_kernel,
-        lower_bound,
+        args,
         num_heads=num_heads,
         num_value_heads=num_value_heads,
         head_k_dim=head_k_dim,

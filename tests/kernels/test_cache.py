@@ -153,6 +153,51 @@ def test_reset_clears_the_named_slots_only() -> None:
         cache.reset(torch.tensor([0, 5]))
 
 
+def test_reset_takes_a_bool_tensor_as_a_mask() -> None:
+    cache = _cache()
+    for t in (cache.state, cache.d_cache, cache.k_cache, cache.g_cache):
+        t.copy_(torch.randn_like(t, dtype=torch.float32))
+    cache.write_pos.copy_(torch.tensor([1, 2, 3, 0, 2], dtype=torch.int32))
+    before = cache.state_dict()
+    cache.reset(torch.tensor([True, False, True, False, False]))
+    after = cache.state_dict()
+    for key in ("state", "d_cache", "k_cache", "g_cache", "write_pos"):
+        assert not after[key][[0, 2]].any(), key
+        assert torch.equal(after[key][[1, 3, 4]], before[key][[1, 3, 4]]), key
+
+
+def test_reset_of_no_slots_changes_nothing() -> None:
+    cache = _cache()
+    cache.write_pos.copy_(torch.tensor([1, 2, 3, 0, 2], dtype=torch.int32))
+    cache.reset([])
+    cache.reset(torch.zeros(0, dtype=torch.long))
+    assert cache.write_pos.tolist() == [1, 2, 3, 0, 2]
+
+
+def test_reset_refuses_a_mask_of_the_wrong_length() -> None:
+    cache = _cache()
+    before = cache.state_dict()
+    with pytest.raises(ValueError, match=r"^slots: expected a bool mask of length 5, got 3"):
+        cache.reset(torch.tensor([True, False, True]))
+    after = cache.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [torch.tensor([1.0, 2.7]), [1.0, 2.0], [1, 2.5], torch.tensor([1 + 0j])],
+    ids=["float-tensor", "float-list", "mixed-list", "complex-tensor"],
+)
+def test_reset_refuses_non_integer_indices(slots: object) -> None:
+    cache = _cache()
+    cache.write_pos.copy_(torch.tensor([1, 2, 3, 0, 2], dtype=torch.int32))
+    before = cache.state_dict()
+    with pytest.raises(ValueError, match=r"^slots: expected integer slot indices or a bool mask"):
+        cache.reset(slots)  # type: ignore[arg-type]
+    after = cache.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_snapshot_round_trip_continues_identically() -> None:
     pytest.importorskip("helion")
     case = CASE

@@ -404,7 +404,7 @@ def test_out_of_range_slots_and_cursors_touch_nothing(state_dtype: torch.dtype) 
 
 
 def test_launch_respecialises_on_alignment_and_batch() -> None:
-    """Repeat launches skip Triton's per-call specialisation (``_decode._DirectLaunch``): its
+    """Repeat launches replay a recorded launch (``replaylint.kernels._launch``): its
     cache key must still tell a 16-byte-aligned view from an unaligned one, and one batch size
     from another. Misusing an aligned build on unaligned data would fault or read wrong data."""
     H, HV, K, V, L, S = 4, 8, 128, 128, 16, 40

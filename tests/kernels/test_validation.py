@@ -293,3 +293,121 @@ def test_recurrent_reference_checks_its_arguments() -> None:
         **common, state=args["initial_state"], ssm_state_indices=idx
     )
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("policy", ["warn", "off"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64])
+def test_kernel_entry_requires_a_floating_gate_cache_under_any_policy(
+    policy: str, dtype: torch.dtype
+) -> None:
+    """A permissive guard policy lets a bf16 gate cache through; nothing lets a non-floating
+    one through (the kernel would read its bits as floats)."""
+    from replaylint.guards import guard_policy
+
+    args = valid_args()
+    args["g_cache"] = torch.zeros(S, HV, L, K, dtype=dtype)
+    snapshot = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    with (
+        guard_policy(policy),  # type: ignore[arg-type]
+        pytest.warns() if policy == "warn" else _no_warning_check(),
+        pytest.raises(ValueError, match=r"^g_cache: expected a floating-point dtype, got"),
+    ):
+        replayssm_decode(**args)
+    for name, before in snapshot.items():
+        assert torch.equal(before, args[name]), name
+
+
+def _no_warning_check() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _expanded(shape: tuple[int, ...]) -> torch.Tensor:
+    """A pool view whose slots all share one slot's memory (slot stride 0)."""
+    return torch.randn(1, *shape[1:]).expand(*shape)
+
+
+@pytest.mark.parametrize(
+    ("argument", "make"),
+    [
+        ("d_cache", lambda: _expanded((S, HV, L, V))),
+        ("k_cache", lambda: _expanded((S, H, L, K))),
+        ("g_cache", lambda: _expanded((S, HV, L, K))),
+        ("initial_state", lambda: _expanded((S, HV, V, K))),
+        # Zero stride on the ring axis: every ring row is one row.
+        ("d_cache", lambda: torch.randn(S, HV, 1, V).expand(S, HV, L, V)),
+        # A hand-made view whose slot stride is smaller than a slot: slots overlap.
+        ("g_cache", lambda: torch.randn(S * L * K * 2).as_strided((S, HV, L, K), (K, L * K, K, 1))),
+    ],
+)
+@pytest.mark.parametrize("entry", [replayssm_decode, replayssm_decode_reference])
+def test_internally_overlapping_pool_views_are_refused(
+    argument: str, make: Callable[[], torch.Tensor], entry: Callable[..., object]
+) -> None:
+    args = valid_args()
+    args[argument] = make()
+    with pytest.raises(ValueError, match=rf"^{argument}: expected a view whose elements do not"):
+        entry(**args)
+
+
+def test_strided_pool_views_that_do_not_overlap_are_accepted() -> None:
+    """Views into a larger pool (slot stride past the slot, heads-major pools) are fine."""
+    args = valid_args()
+    big = torch.randn(S, HV + 2, V, K)
+    args["initial_state"] = big[:, 1 : HV + 1]
+    heads_major = torch.randn(HV, S, L, V)
+    args["d_cache"] = heads_major.transpose(0, 1)
+    ref = valid_args()
+    for name in ("mixed_qkv", "a", "b", "A_log", "dt_bias", "k_cache", "g_cache"):
+        ref[name] = args[name]
+    ref["initial_state"] = args["initial_state"].clone()
+    ref["d_cache"] = args["d_cache"].clone()
+    replayssm_decode_reference(**args)
+    replayssm_decode_reference(**ref)
+    assert torch.equal(args["out"], ref["out"])
+    assert torch.equal(args["initial_state"], ref["initial_state"])
+
+
+def test_a_repeated_signature_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks run once per argument signature; new tensors with the same shapes, strides,
+    dtypes and devices reuse them (the eager host path at small batch)."""
+    from replaylint.kernels import _decode
+
+    calls = []
+    real = _decode.validate_decode_args
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_decode, "validate_decode_args", counting)
+    monkeypatch.setattr(_decode, "_PREPARED", {})
+    for _ in range(3):
+        replayssm_decode(**valid_args())
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "mentions"),
+    [
+        ("scale", True, r"^scale: expected a Python float"),  # True == 1 as a dict key
+        ("use_qk_l2norm_in_kernel", 1, r"^use_qk_l2norm_in_kernel: expected a bool"),
+        ("b", lambda: torch.randn(B, HV).to(torch.int32), r"^b: expected a floating-point dtype"),
+        ("a", lambda: torch.randn(B, HV, 2 * K)[..., ::2], r"^a: expected a contiguous tensor"),
+        ("a", lambda: torch.randn(B, HV, K).to_sparse(), r"^a: expected a dense \(strided\)"),
+        ("write_pos", lambda: [0, 1, 2], r"^write_pos: expected a torch\.Tensor, got list"),
+    ],
+)
+def test_a_checked_signature_does_not_let_a_different_one_through(
+    argument: str, value: object, mentions: str
+) -> None:
+    replayssm_decode(**valid_args())  # this signature is now checked and remembered
+    args = valid_args()
+    args[argument] = value() if callable(value) else value
+    if argument == "scale":
+        ok = valid_args()
+        ok["scale"] = 1
+        replayssm_decode(**ok)  # an int scale is fine, and remembered
+    with pytest.raises(ValueError, match=mentions):
+        replayssm_decode(**args)
