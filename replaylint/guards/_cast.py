@@ -41,6 +41,7 @@ __all__ = [
     "make_copy",
     "metadata_refusal",
     "narrowing_refusal",
+    "narrows",
     "runs_later",
 ]
 
@@ -118,7 +119,7 @@ def make_copy(original: torch.Tensor, target: torch.dtype) -> CastCopy:
 
 def narrowing_refusal(source: torch.Tensor, converted: torch.Tensor) -> str | None:
     """Why ``converted`` does not hold the values of ``source`` (reads them; None if it does)."""
-    if not _narrows(source.dtype, converted.dtype) or source.numel() == 0:
+    if not narrows(source.dtype, converted.dtype) or source.numel() == 0:
         return None
     if torch.compiler.is_compiling():
         counted = _count_unrepresentable_in_graph_break(source, converted)
@@ -196,7 +197,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _narrows(source: torch.dtype, target: torch.dtype) -> bool:
+def narrows(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether ``target`` cannot hold every finite value of ``source``."""
     if source.is_complex:
         source = source.to_real()
         target = target.to_real()
