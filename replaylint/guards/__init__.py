@@ -11,9 +11,9 @@ that receives it::
 
 On float32 the guard costs one ``isinstance`` and one dtype comparison per call. Policies for a
 wrong dtype: ``"reject"`` (default, raises :class:`GateCacheDtypeError`), ``"cast"`` (runs on a
-float32 copy and copies back the elements the call changed), ``"warn"`` and ``"off"``. The environment variable
-``REPLAYLINT_GUARD`` (read once, at import) and :func:`guard_policy` override the decorators'
-policy. :func:`require_dtypes` is the general form for any parameter and dtype.
+float32 copy and copies back the elements the call changed), ``"warn"`` and ``"off"``. The
+environment variable ``REPLAYLINT_GUARD`` (read once, at import) and :func:`guard_policy`
+override the decorators' policy. :func:`require_dtypes` is the general form for any parameter and dtype.
 
 Whole modules: :func:`keep_fp32_gate_caches` (or the :class:`KeepFp32GateCaches` mixin) keeps a
 module's gate caches float32 through ``.to(dtype)``, ``.half()``, ``.bfloat16()``, ``.type()``

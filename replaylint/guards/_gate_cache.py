@@ -42,8 +42,9 @@ def fp32_gate_cache(fn: Any = None, /, *, policy: Policy = "reject", arg: str = 
     ``policy`` says what a wrong dtype does:
 
     * ``"reject"`` (default): raise :class:`GateCacheDtypeError`;
-    * ``"cast"``: run on a float32 copy, copy the result back into the caller's tensor, and warn
-      once per function and dtype with :class:`GateCacheDtypeWarning`;
+    * ``"cast"``: run on a float32 copy and copy back into the caller's tensor exactly the
+      elements the call changed (a read-only call leaves it untouched), refusing values the copy
+      cannot hold; warn once per function and dtype with :class:`GateCacheDtypeWarning`;
     * ``"warn"``: warn once, pass the tensor through unchanged;
     * ``"off"``: no check.
 

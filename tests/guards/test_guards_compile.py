@@ -182,7 +182,7 @@ def test_torchscript_refuses_a_guarded_callee_of_a_scripted_function() -> None:
     def outer(x: torch.Tensor, g_cache: torch.Tensor) -> torch.Tensor:
         return guarded_callee(x, g_cache)
 
-    with pytest.raises(Exception, match=r"torch\.jit\.script cannot keep the dtype guard"):
+    with pytest.raises(TypeError, match=r"torch\.jit\.script cannot keep the dtype guard"):
         torch.jit.script(outer)
 
 

@@ -125,3 +125,68 @@ def test_compiled_guard_on_cuda(quiet: None) -> None:
     assert g[-1].tolist() == [1.0] * 4
     assert g16[-1].tolist() == [1.0] * 4
     torch._dynamo.reset()
+
+
+def test_cast_on_cuda_copies_back_only_the_changed_elements(quiet: None) -> None:
+    @fp32_gate_cache(policy="cast")
+    def write_row(g_cache: Any) -> None:
+        g_cache[1] = 0.25
+
+    g = torch.full((3, 2), 1 / 3, dtype=torch.float64, device="cuda")
+    write_row(g)
+    assert g.cpu().tolist() == [[1 / 3, 1 / 3], [0.25, 0.25], [1 / 3, 1 / 3]]
+    read_only = fp32_gate_cache(policy="cast")(lambda g_cache: g_cache.sum())
+    expanded = torch.zeros(1, 4, dtype=torch.bfloat16, device="cuda").expand(3, 4)
+    assert read_only(expanded).item() == 0.0
+    with pytest.raises(GateCacheDtypeError, match=r"outside the range of torch\.float32"):
+        read_only(torch.tensor([1e300], dtype=torch.float64, device="cuda"))
+
+
+def test_cast_on_cuda_sees_writes_made_through_the_data_pointer(quiet: None) -> None:
+    @fp32_gate_cache(policy="cast")
+    def raw_kernel(g_cache: Any) -> None:
+        g_cache.data[2].fill_(7.0)  # like a Triton kernel: autograd's version counter is not bumped
+
+    g = torch.zeros(4, dtype=torch.bfloat16, device="cuda")
+    raw_kernel(g)
+    assert g.cpu().tolist() == [0.0, 0.0, 7.0, 0.0]
+
+
+def test_cast_on_a_side_stream_writes_back_on_that_stream(quiet: None) -> None:
+    guarded = fp32_gate_cache(policy="cast")(ring_append)
+    x, out = torch.ones(4, device="cuda"), torch.zeros(4, device="cuda")
+    g = torch.zeros(3, 4, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            guarded(x, g, out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert g.cpu().tolist() == [[1.0] * 4] * 3
+    assert out.cpu().tolist() == [3.0] * 4
+
+
+def test_protected_module_moves_to_cuda_and_keeps_float32() -> None:
+    from replaylint.guards import assert_fp32_gate_caches, keep_fp32_gate_caches
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+            self.register_buffer("g_cache", torch.rand(2, 4))
+
+        def forward(self, x: Any) -> Any:
+            return self.proj(x) * torch.exp(self.g_cache.cumsum(-1)).to(x.dtype)[0]
+
+    layer = keep_fp32_gate_caches(Layer())
+    values = layer.g_cache.clone()
+    layer.to("cuda", torch.bfloat16)
+    assert layer.g_cache.device.type == "cuda"
+    assert layer.proj.weight.dtype is torch.bfloat16
+    assert_fp32_gate_caches(layer)
+    assert torch.equal(layer.g_cache.cpu(), values)
+    torch._dynamo.reset()
+    out = torch.compile(layer)(torch.ones(2, 4, device="cuda", dtype=torch.bfloat16))
+    assert out.dtype is torch.bfloat16
+    torch._dynamo.reset()

@@ -253,6 +253,18 @@ def test_extra_and_replacement_names() -> None:
         keep_fp32_gate_caches(Custom(), extend_gate_cache_names="decay_ring")
 
 
+def test_gate_caches_added_after_protection_are_kept_too() -> None:
+    model = keep_fp32_gate_caches(Model(layers=1))
+    model.register_buffer("late_g_cache", torch.zeros(2))
+    model.layers.append(nn.ModuleDict({"attn": Attention()}))
+    model.half()
+    assert model.late_g_cache.dtype is F32
+    assert model.layers[1]["attn"].g_cache.dtype is F32
+    unprotected = Attention()
+    unprotected.half()  # casting an unprotected module on its own is not covered
+    assert unprotected.g_cache.dtype is torch.float16
+
+
 def test_non_modules_are_refused_with_a_pointer_to_the_walker() -> None:
     with pytest.raises(TypeError, match=r"assert_fp32_gate_caches"):
         keep_fp32_gate_caches({"g_cache": torch.zeros(1)})  # type: ignore[call-overload]
