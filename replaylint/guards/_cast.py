@@ -140,9 +140,14 @@ def copy_back(copies: list[CastCopy]) -> None:
     """Write every element the call changed into the caller's tensors, and nothing else."""
     for copy in copies:
         with torch.no_grad():
-            changed = _bits(copy.converted) != copy.snapshot
-        if not torch.compiler.is_compiling() and _has_values(copy.base) and not bool(changed.any()):
-            continue  # nothing to write: the caller's tensor is not touched
+            now = _bits(copy.converted)
+            if (
+                not torch.compiler.is_compiling()
+                and _has_values(copy.base)
+                and torch.equal(now, copy.snapshot)  # one pass, one synchronisation
+            ):
+                continue  # nothing to write: the caller's tensor is not touched
+            changed = now != copy.snapshot
         back = copy.converted.to(copy.base.dtype)
         copy.base.copy_(torch.where(changed, back, copy.base))
 
