@@ -74,9 +74,8 @@ def dtype_kind(dtype: torch.dtype) -> str:
     return "integer"
 
 
-def metadata_refusal(original: torch.Tensor, target: torch.Tensor | torch.dtype) -> str | None:
-    """Why ``original`` cannot be cast to ``target`` and back, judged from metadata alone."""
-    want = target if isinstance(target, torch.dtype) else target.dtype
+def metadata_refusal(original: torch.Tensor, want: torch.dtype) -> str | None:
+    """Why ``original`` cannot be cast to ``want`` and back, judged from metadata alone."""
     if dtype_kind(original.dtype) != dtype_kind(want):
         return (
             f"it converts only within one kind of dtype (floating point, complex, integer), "
