@@ -282,10 +282,23 @@ def function_returning_a_generator(g_cache: Any) -> Any:
     return body()
 
 
+async def _async_body(g_cache: Any) -> None:
+    g_cache[0] = 1.0
+
+
+@functools.wraps(_async_body)
+def wraps_wrapper_of_an_async_function(g_cache: Any) -> Any:
+    return _async_body(g_cache)
+
+
 @pytest.mark.parametrize(
     "fn",
-    [sync_wrapper_returning_a_coroutine, function_returning_a_generator],
-    ids=["coroutine", "generator"],
+    [
+        sync_wrapper_returning_a_coroutine,
+        wraps_wrapper_of_an_async_function,
+        function_returning_a_generator,
+    ],
+    ids=["coroutine", "functools.wraps-coroutine", "generator"],
 )
 def test_a_late_running_result_under_cast_is_refused_not_lost(fn: Any) -> None:
     g = torch.zeros(2, dtype=BF16)
