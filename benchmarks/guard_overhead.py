@@ -16,7 +16,8 @@ the bare call and the ratio to it.
 
 A second, smaller table shows what policy ``"cast"`` costs per call on a bfloat16 gate cache of
 ``--cast-shape`` (default ``8,4,16,128``: 8 slots, 4 value heads, ring 16, K 128), for a call that
-only reads it and one that writes one ring row: copy in, snapshot, comparison, copy back.
+only reads it and one that writes one ring row: copy in, snapshot, comparison, copy back (one
+intra-op thread).
 Run: ``python benchmarks/guard_overhead.py``.
 """
 
@@ -208,6 +209,10 @@ def _cast_table(shape: tuple[int, ...], options: argparse.Namespace) -> None:
     def write_row(g_cache: torch.Tensor, row: int) -> None:
         g_cache[..., row, :] = 1.0
 
+    # One intra-op thread: on a shared machine, a parallel kernel waits for a descheduled
+    # worker thread (milliseconds), and the table would measure the scheduler.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     g = torch.zeros(shape, dtype=torch.bfloat16)
     rows: dict[str, Callable[[], object]] = {}
     for name, fn in (("read only", read_only), ("writes one ring row", write_row)):
@@ -220,10 +225,11 @@ def _cast_table(shape: tuple[int, ...], options: argparse.Namespace) -> None:
         for _ in range(options.repeats):
             for name, call in rows.items():
                 samples[name].append(sample_ns(call, numbers[name]))
+    torch.set_num_threads(threads)
     print()
     print(
         f"# policy 'cast', bfloat16 gate cache {list(shape)} ({g.numel()} elements), "
-        f"{torch.get_num_threads()} threads"
+        "1 intra-op thread"
     )
     print()
     print("| call | us/call |")
