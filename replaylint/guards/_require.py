@@ -241,8 +241,6 @@ class _SlowPath:
         copies: list[CastCopy] = []
         for check, original in wrong:
             target = check.allowed[0]
-            # Frames: emit_once <- here <- __call__ <- generated wrapper <- the caller.
-            self._warn("cast", check, original.dtype, stacklevel=4)
             copy = None
             for seen in copies:
                 if seen.original is original and seen.converted.dtype == target:
@@ -253,6 +251,8 @@ class _SlowPath:
                 if reason is not None:
                     raise self._cast_refused(check, original, reason)
                 copies.append(copy)
+            # Frames: emit_once <- here <- __call__ <- generated wrapper <- the caller.
+            self._warn("cast", check, original.dtype, stacklevel=4)
             if check.index is not None:
                 positional[check.index] = copy.given
             else:
