@@ -190,3 +190,47 @@ def test_protected_module_moves_to_cuda_and_keeps_float32() -> None:
     out = torch.compile(layer)(torch.ones(2, 4, device="cuda", dtype=torch.bfloat16))
     assert out.dtype is torch.bfloat16
     torch._dynamo.reset()
+
+
+def test_cast_keeps_the_decode_kernels_ring_writes(quiet: None) -> None:
+    # The bundled Triton kernel writes g_cache through its data pointer; under cast those
+    # writes must reach the caller's bfloat16 tensor exactly as the float32 run's, rounded.
+    kernels = pytest.importorskip("replaylint.kernels")
+    from replaylint.guards import guard_policy
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, heads, value_heads, k_dim, v_dim, ring, slots = 2, 1, 2, 16, 16, 4, 3
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    inputs = (
+        randn(rows, 2 * heads * k_dim + value_heads * v_dim),  # mixed_qkv
+        randn(rows, value_heads, k_dim),  # a
+        randn(rows, value_heads),  # b
+        randn(value_heads),  # A_log
+        randn(value_heads, k_dim),  # dt_bias
+    )
+    indices = torch.tensor([0, 2], dtype=torch.int32, device="cuda")
+    write_pos = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+
+    def run(g_cache: Any) -> Any:
+        state = torch.zeros(slots, value_heads, v_dim, k_dim, device="cuda")
+        d_cache = torch.zeros(slots, value_heads, ring, v_dim, device="cuda")
+        k_cache = torch.zeros(slots, heads, ring, k_dim, device="cuda")
+        out = torch.zeros(rows, 1, value_heads, v_dim, device="cuda")
+        kernels.replayssm_decode(
+            *inputs, k_dim**-0.5, state, d_cache, k_cache, g_cache, out, indices, write_pos
+        )
+        return out
+
+    g32 = torch.zeros(slots, value_heads, ring, k_dim, device="cuda")
+    out32 = run(g32)
+    g16 = torch.zeros(slots, value_heads, ring, k_dim, device="cuda", dtype=torch.bfloat16)
+    with guard_policy("cast"):
+        out16 = run(g16)
+    torch.cuda.synchronize()
+    assert g32[0, :, 0].abs().sum().item() > 0  # the kernel wrote ring row 0 of slot 0
+    assert g32[2, :, 1].abs().sum().item() > 0  # and ring row 1 of slot 2
+    assert torch.equal(g16, g32.to(torch.bfloat16))
+    assert torch.equal(out16, out32)  # the kernel ran on the float32 copy
