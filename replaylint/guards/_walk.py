@@ -27,6 +27,7 @@ class FoundGateCache:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The tensor's dtype."""
         return self.tensor.dtype
 
     def __str__(self) -> str:
