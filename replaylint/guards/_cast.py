@@ -20,8 +20,9 @@ For each caller tensor ``original`` and target dtype:
    synchronisation. The bit comparison also sees writes that bypass autograd's version counter
    (Triton and C++ kernels writing through the data pointer).
 
-While torch.compile traces (and for meta and fake tensors, which hold no values) the graph cannot
-branch on data: step 4 is one unconditional masked write, step 3 runs in a graph break.
+While torch.compile traces, the graph cannot branch on data: step 4 is one unconditional masked
+write and step 3 runs in a graph break. Meta and fake tensors hold no values: step 3 is skipped
+and step 4 is the masked write.
 """
 
 from __future__ import annotations
