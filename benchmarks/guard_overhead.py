@@ -12,7 +12,13 @@ Variants, all measured in one run, on the same tensors, interleaved repeat by re
 
 Each is called positionally and by keyword. A sample times a loop of calls long enough to take
 about ``--sample-ms``; the table shows the median over ``--repeats`` samples, the difference to
-the bare call and the ratio to it. Run: ``python benchmarks/guard_overhead.py``.
+the bare call and the ratio to it.
+
+A second, smaller table shows what policy ``"cast"`` costs per call on a bfloat16 gate cache of
+``--cast-shape`` (default ``8,4,16,128``: 8 slots, 4 value heads, ring 16, K 128), for a call that
+only reads it and one that writes one ring row: copy in, snapshot, comparison, copy back (one
+intra-op thread).
+Run: ``python benchmarks/guard_overhead.py``.
 """
 
 from __future__ import annotations
@@ -122,6 +128,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=41, help="samples per variant and mode")
     parser.add_argument("--sample-ms", type=float, default=10.0, help="length of one sample")
+    parser.add_argument(
+        "--cast-shape", default="8,4,16,128", help="gate-cache shape for the cast table"
+    )
     options = parser.parse_args()
 
     tensors = [torch.zeros(4) for _ in NAMES]
@@ -187,6 +196,46 @@ def main() -> None:
             f"{'PASS' if added <= target else 'FAIL'}; fastest checked variant: "
             f"{'yes' if fastest else 'NO'}"
         )
+    _cast_table(tuple(int(n) for n in options.cast_shape.split(",")), options)
+
+
+def _cast_table(shape: tuple[int, ...], options: argparse.Namespace) -> None:
+    """Per-call cost of policy 'cast' on a bfloat16 gate cache (CPU, the current thread count)."""
+    import warnings
+
+    def read_only(g_cache: torch.Tensor, row: int) -> torch.Tensor:
+        return g_cache
+
+    def write_row(g_cache: torch.Tensor, row: int) -> None:
+        g_cache[..., row, :] = 1.0
+
+    # One intra-op thread: on a shared machine, a parallel kernel waits for a descheduled
+    # worker thread (milliseconds), and the table would measure the scheduler.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g = torch.zeros(shape, dtype=torch.bfloat16)
+    rows: dict[str, Callable[[], object]] = {}
+    for name, fn in (("read only", read_only), ("writes one ring row", write_row)):
+        guarded = fp32_gate_cache(policy="cast")(fn)
+        rows[name] = functools.partial(guarded, g, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        numbers = {name: calibrate(call, options.sample_ms) for name, call in rows.items()}
+        samples: dict[str, list[float]] = {name: [] for name in rows}
+        for _ in range(options.repeats):
+            for name, call in rows.items():
+                samples[name].append(sample_ns(call, numbers[name]))
+    torch.set_num_threads(threads)
+    print()
+    print(
+        f"# policy 'cast', bfloat16 gate cache {list(shape)} ({g.numel()} elements), "
+        "1 intra-op thread"
+    )
+    print()
+    print("| call | us/call |")
+    print("|---|---:|")
+    for name, values in samples.items():
+        print(f"| {name} | {statistics.median(values) / 1e3:.1f} |")
 
 
 def _positional_call(fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Callable[[], object]:

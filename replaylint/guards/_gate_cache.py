@@ -7,6 +7,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import torch
 
+from replaylint.guards._cast import narrowing_refusal
 from replaylint.guards._errors import GateCacheDtypeError
 from replaylint.guards._policy import Policy, parse_policy
 from replaylint.guards._require import DtypeGuard
@@ -20,7 +21,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 _FLOAT32 = (torch.float32,)
-_LOADER_SERIAL = 0  # decorated functions count from 1
+_LOADER_SERIAL = "0"  # decorated functions count from 1
 
 
 @overload
@@ -41,8 +42,9 @@ def fp32_gate_cache(fn: Any = None, /, *, policy: Policy = "reject", arg: str = 
     ``policy`` says what a wrong dtype does:
 
     * ``"reject"`` (default): raise :class:`GateCacheDtypeError`;
-    * ``"cast"``: run on a float32 copy, copy the result back into the caller's tensor, and warn
-      once per function and dtype with :class:`GateCacheDtypeWarning`;
+    * ``"cast"``: run on a float32 copy and copy back into the caller's tensor exactly the
+      elements the call changed (a read-only call leaves it untouched), refusing values the copy
+      cannot hold; warn once per function and dtype with :class:`GateCacheDtypeWarning`;
     * ``"warn"``: warn once, pass the tensor through unchanged;
     * ``"off"``: no check.
 
@@ -69,7 +71,8 @@ def as_fp32_gate_cache(t: torch.Tensor, /) -> torch.Tensor:
     """Return ``t`` if it is float32, else a float32 copy (with a warning, once per dtype).
 
     For loaders of saved ring buffers. Only floating-point tensors are converted; anything else
-    raises :class:`GateCacheDtypeError`. The guard policy does not apply here: calling this
+    raises :class:`GateCacheDtypeError`, and so does a float64 tensor holding finite values
+    beyond float32's range (checking that reads the tensor: one device synchronisation). The guard policy does not apply here: calling this
     function is already the decision to convert.
     """
     if isinstance(t, torch.Tensor) and t.dtype is torch.float32:
@@ -95,5 +98,11 @@ def as_fp32_gate_cache(t: torch.Tensor, /) -> torch.Tensor:
         t.dtype,
         _FLOAT32,
     )
+    converted = t.to(torch.float32)
+    reason = narrowing_refusal(t, converted)
+    if reason is not None:
+        raise GateCacheDtypeError(
+            GATE_CACHE.cast_refused("as_fp32_gate_cache", "t", t.dtype, torch.float32, reason)
+        )
     emit_once(key, stacklevel=2)
-    return t.to(torch.float32)
+    return converted

@@ -11,7 +11,17 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import torch
 
+from replaylint.guards._cast import (
+    CastCopy,
+    close_quietly,
+    copy_back,
+    make_copy,
+    metadata_refusal,
+    narrowing_refusal,
+    runs_later,
+)
 from replaylint.guards._codegen import FastCheck, build_wrapper
+from replaylint.guards._errors import DtypeGuardError
 from replaylint.guards._policy import Policy, effective_policy, parse_policy
 from replaylint.guards._warn_once import emit_once
 from replaylint.guards._wording import GENERIC, Wording
@@ -104,11 +114,7 @@ class DtypeGuard:
                 f"@{self._decorator}(policy='cast')."
             )
         name = _function_name(fn)
-        if (
-            inspect.iscoroutinefunction(fn)
-            or inspect.isgeneratorfunction(fn)
-            or inspect.isasyncgenfunction(fn)
-        ):
+        if _body_runs_later(fn):
             raise TypeError(
                 f"@{self._decorator} cannot guard {name}(): it is a coroutine or generator "
                 "function, whose body runs after the call returns, so the 'cast' policy could "
@@ -128,6 +134,11 @@ class DtypeGuard:
         fast_checks = [FastCheck(check.name, check.allowed, check.none_ok) for check in located]
         wrapper = build_wrapper(fn, signature, fast_checks, slow_path)
         functools.update_wrapper(wrapper, fn)
+        # torch.jit.script follows __wrapped__ to the undecorated source and would compile the
+        # function without its check; it calls this hook first, for functions too.
+        wrapper.__prepare_scriptable__ = functools.partial(  # type: ignore[attr-defined]
+            _refuse_scripting, self._decorator, name
+        )
         return wrapper
 
     def _locate(
@@ -185,7 +196,8 @@ class _SlowPath:
         self.checks = checks
         self.policy = policy
         self.wording = wording
-        self.serial = next(_serials)
+        # A string: torch.compile(dynamic=True) may trace int attributes as symbolic values.
+        self.serial = str(next(_serials))
 
     def __call__(self, positional: tuple[Any, ...], keyword: dict[str, Any]) -> Any:
         policy = effective_policy(self.policy)
@@ -223,23 +235,28 @@ class _SlowPath:
         wrong: list[tuple[_Located, torch.Tensor]],
     ) -> Any:
         for check, original in wrong:
-            self._refuse_unless_castable(check, original)
-        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+            reason = metadata_refusal(original, check.allowed[0])
+            if reason is not None:
+                raise self._cast_refused(check, original, reason)
+        copies: list[CastCopy] = []
         for check, original in wrong:
             target = check.allowed[0]
+            copy = None
+            for seen in copies:
+                if seen.original is original and seen.converted.dtype == target:
+                    copy = seen
+            if copy is None:
+                copy = make_copy(original, target)
+                reason = narrowing_refusal(copy.base, copy.converted)
+                if reason is not None:
+                    raise self._cast_refused(check, original, reason)
+                copies.append(copy)
             # Frames: emit_once <- here <- __call__ <- generated wrapper <- the caller.
             self._warn("cast", check, original.dtype, stacklevel=4)
-            copy = None
-            for seen, seen_copy in copies:
-                if seen is original and seen_copy.dtype == target:
-                    copy = seen_copy
-            if copy is None:
-                copy = original.to(target)
-                copies.append((original, copy))
             if check.index is not None:
-                positional[check.index] = copy
+                positional[check.index] = copy.given
             else:
-                keyword[check.name] = copy
+                keyword[check.name] = copy.given
         try:
             result = self.fn(*positional, **keyword)
         except BaseException as error:
@@ -247,59 +264,36 @@ class _SlowPath:
             # error, so keep those writes too.
             _copy_back_after_failure(copies, error)
             raise
-        for original, copy in copies:
-            original.copy_(copy)
+        late = runs_later(result)
+        if late is not None:
+            close_quietly(result)
+            copy_back(copies)  # what the call itself wrote before returning
+            check, original = wrong[0]
+            raise self.wording.error(
+                self.wording.late_result(
+                    self.name, check.name, original.dtype, check.allowed[0], late
+                )
+            )
+        copy_back(copies)
         return _caller_tensors_in(result, copies)
 
-    def _refuse_unless_castable(self, check: _Located, original: torch.Tensor) -> None:
-        target = check.allowed[0]
-        reason = None
-        if _dtype_kind(original.dtype) != _dtype_kind(target):
-            reason = (
-                f"it converts only within one kind of dtype (floating point, complex, integer), "
-                f"and {original.dtype} is {_dtype_kind(original.dtype)}"
+    def _cast_refused(
+        self, check: _Located, original: torch.Tensor, reason: str
+    ) -> DtypeGuardError:
+        return self.wording.error(
+            self.wording.cast_refused(
+                self.name, check.name, original.dtype, check.allowed[0], reason
             )
-        elif original.layout != torch.strided:
-            reason = (
-                f"it is a {original.layout} tensor, and results can be copied back in place only "
-                "into a strided (dense) tensor"
-            )
-        elif (
-            not torch.compiler.is_compiling()
-            and original.is_cuda
-            and torch.cuda.is_current_stream_capturing()
-        ):
-            reason = (
-                "a CUDA graph is being captured, and the copy and the copy back would be recorded "
-                "into the graph and replayed on every step; allocate it as "
-                f"{target} before capture"
-            )
-        if reason is not None:
-            raise self.wording.error(
-                self.wording.cast_refused(self.name, check.name, original.dtype, target, reason)
-            )
+        )
 
     def _warn(self, kind: str, check: _Located, got: torch.dtype, stacklevel: int) -> None:
         key = (self.serial, kind, self.wording.name, self.name, check.name, got, check.allowed)
         emit_once(key, stacklevel=stacklevel + 1)
 
 
-def _dtype_kind(dtype: torch.dtype) -> str:
-    if dtype.is_complex:
-        return "complex"
-    if dtype.is_floating_point:
-        return "floating point"
-    if dtype == torch.bool:
-        return "boolean"
-    return "integer"
-
-
-def _copy_back_after_failure(
-    copies: list[tuple[torch.Tensor, torch.Tensor]], error: BaseException
-) -> None:
+def _copy_back_after_failure(copies: list[CastCopy], error: BaseException) -> None:
     try:
-        for original, copy in copies:
-            original.copy_(copy)
+        copy_back(copies)
     except Exception as copy_error:
         if hasattr(error, "add_note"):  # Python >= 3.11
             error.add_note(
@@ -308,22 +302,46 @@ def _copy_back_after_failure(
             )
 
 
-def _caller_tensors_in(result: Any, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+def _caller_tensors_in(result: Any, copies: list[CastCopy]) -> Any:
     """Hand back the caller's tensor where the function returned the copy it was given."""
-    for original, copy in copies:
-        if result is copy:
-            return original
+    for copy in copies:
+        if result is copy.given:
+            return copy.original
     if type(result) is tuple or type(result) is list:
         items = list(result)
         replaced = False
         for position, item in enumerate(items):
-            for original, copy in copies:
-                if item is copy:
-                    items[position] = original
+            for copy in copies:
+                if item is copy.given:
+                    items[position] = copy.original
                     replaced = True
         if replaced:
             return type(result)(items)
     return result
+
+
+def _body_runs_later(fn: object) -> bool:
+    """A coroutine or generator function, also behind partials and a callable's ``__call__``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    candidates = [fn]
+    if not (inspect.isroutine(fn) or isinstance(fn, type)):
+        candidates.append(type(fn).__call__)
+    return any(
+        inspect.iscoroutinefunction(candidate)
+        or inspect.isgeneratorfunction(candidate)
+        or inspect.isasyncgenfunction(candidate)
+        for candidate in candidates
+    )
+
+
+def _refuse_scripting(decorator: str, name: str) -> None:
+    raise TypeError(
+        f"torch.jit.script cannot keep the dtype guard of {name}() (@{decorator}): TorchScript "
+        "compiles the undecorated function and would silently drop the check. Use "
+        f"torch.compile instead (the guard compiles into the graph), or script "
+        f"{name}.__wrapped__ and check the dtype before calling it."
+    )
 
 
 def _function_name(fn: Callable[..., Any]) -> str:

@@ -19,10 +19,11 @@ from replaylint.guards._errors import (
 
 __all__ = ["GATE_CACHE", "GENERIC", "WarningKey", "Wording", "dtypes_text", "render_warning"]
 
-WarningKey = tuple[int, str, str, str, str, torch.dtype, tuple[torch.dtype, ...]]
+WarningKey = tuple[str, str, str, str, str, torch.dtype, tuple[torch.dtype, ...]]
 """(decoration serial, kind "cast"/"warn"/"load", wording name, function, argument, got, wanted).
 
-Only ints, strings and dtypes, so that torch.compile can hand it to a compile-time callback.
+Only strings and dtypes, so that torch.compile can hand it to a compile-time callback as a
+constant (with ``dynamic=True`` an int could be traced as a symbolic value).
 """
 
 
@@ -81,11 +82,16 @@ class Wording:
             cost = f"the caller's storage stays {got}, so precision is lost on every call"
             if self.why:
                 cost += f" ({self.why})"
+        elif _loses_precision(want, got):
+            cost = (
+                f"the function computes with the values rounded to {want}, and every call pays "
+                "a full copy in and a comparison to find what to copy back"
+            )
         else:
-            cost = "every call pays a full copy in and a full copy back"
+            cost = "every call pays a full copy in and a comparison to find what to copy back"
         return (
             f"{func}(): argument {param!r} is {got}; policy 'cast' runs the call on a {want} copy "
-            f"and copies the result back into the caller's tensor, but {cost}. "
+            f"and copies the elements it changes back into the caller's tensor, but {cost}. "
             f"Fix: {self._fix(param, (want,))}. (Shown once per function and dtype.)"
         )
 
@@ -100,10 +106,30 @@ class Wording:
         )
 
     def loaded_warning(self, func: str, param: str, got: torch.dtype, want: torch.dtype) -> str:
+        if _loses_precision(want, got):
+            what = (
+                f"The copy rounds each value to {want} precision, the precision {self.subject} "
+                f"is kept in; the {got} digits beyond it are not used"
+            )
+        else:
+            what = (
+                f"The values were already rounded to {got} when they were stored, and the copy "
+                "cannot restore that"
+            )
         return (
-            f"{func}(): {param} is {got}; returning a {want} copy. The values were already "
-            f"rounded to {got} when they were stored, and the copy cannot restore that. "
+            f"{func}(): {param} is {got}; returning a {want} copy. {what}. "
             f"Fix: {self._fix(param, (want,))}. (Shown once per dtype.)"
+        )
+
+    def late_result(
+        self, func: str, param: str, got: torch.dtype, want: torch.dtype, late: str
+    ) -> str:
+        return (
+            f"{func}(): argument {param!r} is {got}, and policy 'cast' ran the call on a {want} "
+            f"copy, but the function returned {late}: its code runs after the call has returned, "
+            "when the copy is no longer copied back, so its writes would be lost. A coroutine or "
+            "generator is closed unstarted; writes made before it was returned were copied back. "
+            f"Fix: {self._fix(param, (want,))}, or guard the function that does the work."
         )
 
     def _fix(self, param: str, allowed: tuple[torch.dtype, ...]) -> str:

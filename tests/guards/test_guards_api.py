@@ -324,3 +324,12 @@ def test_guarded_functions_pickle_by_reference() -> None:
     restored = pickle.loads(pickle.dumps(module_level_step))
     assert restored is module_level_step
     assert pickle.loads(pickle.dumps(Ring.step)) is Ring.step
+
+
+def test_public_names_report_the_public_module() -> None:
+    import replaylint.guards as guards
+
+    for name in guards.__all__:
+        value = getattr(guards, name)
+        if isinstance(value, type):
+            assert value.__module__ == "replaylint.guards", name

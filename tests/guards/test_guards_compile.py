@@ -142,3 +142,75 @@ def test_guard_policy_block_under_compile_still_applies() -> None:
         with guard_policy("warn"):
             compiled(torch.ones(2), g)
         assert g.tolist() == [4.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("policy", ["cast", "warn"])
+def test_dynamic_shapes_with_a_wrong_dtype_warn_once_and_run(
+    policy: str, recorded: list[warnings.WarningMessage]
+) -> None:
+    guarded = fp32_gate_cache(policy=policy)(kernel)  # type: ignore[call-overload]
+    compiled = torch.compile(guarded, dynamic=True, backend="eager")
+    for size in (3, 5):
+        g = torch.zeros(size, dtype=BF16)
+        assert compiled(torch.ones(2), g, 1).tolist() == [2.0, 2.0]
+        assert g.dtype is BF16
+        assert g.tolist() == [0.0, 2.0] + [0.0] * (size - 2)
+    assert len(gate_warnings(recorded)) == 1
+
+
+def test_dynamic_shapes_cast_with_inductor_fullgraph(
+    recorded: list[warnings.WarningMessage],
+) -> None:
+    compiled = torch.compile(fp32_gate_cache(policy="cast")(kernel), dynamic=True, fullgraph=True)
+    g = torch.zeros(4, dtype=BF16)
+    compiled(torch.ones(3), g, 2)
+    assert g.tolist() == [0.0, 0.0, 3.0, 0.0]
+
+
+def test_torchscript_refuses_to_drop_the_guard() -> None:
+    def step(x: torch.Tensor, g_cache: torch.Tensor) -> torch.Tensor:
+        return x + g_cache
+
+    guarded = fp32_gate_cache(step)
+    with pytest.raises(TypeError, match=r"torch\.jit\.script cannot keep the dtype guard") as info:
+        torch.jit.script(guarded)
+    assert "step()" in str(info.value)
+    assert "torch.compile" in str(info.value)
+
+
+def test_torchscript_refuses_a_guarded_callee_of_a_scripted_function() -> None:
+    def outer(x: torch.Tensor, g_cache: torch.Tensor) -> torch.Tensor:
+        return guarded_callee(x, g_cache)
+
+    with pytest.raises(TypeError, match=r"torch\.jit\.script cannot keep the dtype guard"):
+        torch.jit.script(outer)
+
+
+@fp32_gate_cache
+def guarded_callee(x: torch.Tensor, g_cache: torch.Tensor) -> torch.Tensor:
+    return x + g_cache
+
+
+def test_compiled_cast_copies_back_only_the_changed_elements(
+    recorded: list[warnings.WarningMessage],
+) -> None:
+    g = torch.full((3,), 1 / 3, dtype=torch.float64)
+    compiled = torch.compile(fp32_gate_cache(policy="cast")(kernel))
+    compiled(torch.ones(2), g, 1)
+    assert g[1].item() == pytest.approx(2 + 1 / 3, rel=1e-6)
+    assert g[0].item() == 1 / 3  # exact float64 value, not its float32 rounding
+    assert g[2].item() == 1 / 3
+
+
+def test_compiled_cast_refuses_a_narrowing_it_cannot_represent(
+    recorded: list[warnings.WarningMessage],
+) -> None:
+    # The range check reads values, so it runs in a graph break (not under fullgraph=True).
+    compiled = torch.compile(fp32_gate_cache(policy="cast")(kernel), backend="eager")
+    big = torch.tensor([1.0, 1e300, 0.0], dtype=torch.float64)
+    with pytest.raises(GateCacheDtypeError, match=r"1 of 3 values are outside the range"):
+        compiled(torch.ones(2), big)
+    assert big.tolist() == [1.0, 1e300, 0.0]
+    fine = torch.zeros(3, dtype=torch.float64)
+    compiled(torch.ones(2), fine)
+    assert fine.tolist() == [2.0, 0.0, 0.0]

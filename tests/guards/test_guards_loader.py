@@ -81,3 +81,21 @@ def test_compiles_without_graph_breaks(fresh_warnings: None) -> None:
         GateCacheDtypeWarning
     ]
     torch._dynamo.reset()
+
+
+def test_compiles_with_dynamic_shapes_and_checks_float64_in_a_graph_break(
+    fresh_warnings: None,
+) -> None:
+    def load(stored: Any) -> Any:
+        return as_fp32_gate_cache(stored) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(load, dynamic=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for size in (2, 3):
+            assert compiled(torch.ones(size, dtype=torch.bfloat16)).tolist() == [2.0] * size
+        assert compiled(torch.ones(2, dtype=torch.float64)).tolist() == [2.0, 2.0]
+        with pytest.raises(GateCacheDtypeError, match=r"outside the range of torch\.float32"):
+            compiled(torch.tensor([1e300, 0.0], dtype=torch.float64))
+    torch._dynamo.reset()
