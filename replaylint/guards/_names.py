@@ -1,6 +1,6 @@
 """Which names denote a gate cache: the linter's rule, shared by the module protection and walkers.
 
-This is the guards' only import from the linter, kept in one place. ``replaylint.lint.gate_caches``
+This is the guards' only import from the linter, kept in one place. ``replaylint.lint.gatecache.names``
 is pure Python (no torch, no libcst), so importing it costs next to nothing.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from replaylint.lint.gate_caches import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
+from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
 
 __all__ = ["DEFAULT_GATE_CACHE_PATTERNS", "GateCacheNames", "gate_cache_patterns", "names_for"]
 

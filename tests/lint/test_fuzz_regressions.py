@@ -101,3 +101,11 @@ def test_changes_outside_accepts_only_an_inline_import() -> None:
     assert changes_outside(before, before.replace("os", "torch; import os"), set()) == []
     assert changes_outside(before, before.replace("x = 1", "x = 2"), set()) != []
     assert changes_outside(before, before.replace("x = 1", "x = 2"), {2}) == []
+
+
+def test_a_name_bound_only_to_none_is_not_taken_for_torch() -> None:
+    """``[g_cache, other] = [th.full(...), None]``: ``other`` is no alias of torch."""
+    source = "\nimport torch as th\n[g_cache, other] = [th.full(shape, 0.0), None]  # \n"
+    fixed = _all_properties(source)
+    assert fixed is not None
+    assert "dtype=th.float32" in fixed

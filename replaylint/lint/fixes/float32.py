@@ -154,7 +154,11 @@ def _torch_aliases(scope: Scope) -> list[str]:
     aliases = []
     for name, bindings in scope.bindings.items():
         runtime = [b for b in bindings if not _type_checking_only(b)]
-        if runtime and all(_is_torch_module(b) for b in runtime):
+        if (
+            runtime
+            and all(_is_torch_module(b) or _is_none(b) for b in runtime)
+            and any(_is_torch_module(b) for b in runtime)
+        ):  # `import torch` (with `torch = None` when the import failed)
             aliases.append(name)
     return sorted(aliases, key=lambda name: (name != "torch", name))
 
@@ -179,9 +183,16 @@ def _is_torch_module(binding: Binding) -> bool:
             and len(args) >= 1
             and literal_string(args[0].value) == "torch"
         )
-    if binding.kind == "assign" and isinstance(binding.value, cst.Name):
-        return binding.value.value == "None"  # except ImportError: torch = None
     return False
+
+
+def _is_none(binding: Binding) -> bool:
+    """``torch = None``: what an optional import binds when torch is missing."""
+    return (
+        binding.kind == "assign"
+        and isinstance(binding.value, cst.Name)
+        and binding.value.value == "None"
+    )
 
 
 def _type_checking_only(binding: Binding) -> bool:
