@@ -1,4 +1,4 @@
-"""ReplaySSM decode vs flash-linear-attention's plain KDA decode on one GPU (issue 7).
+"""ReplaySSM decode vs flash-linear-attention's plain KDA decode on one GPU.
 
 Times, in one run and on the same inputs (H = HV = 32, K = V = 128, L = 16, bf16
 activations), for B in {1, 16, 64, 256, 512} and fp32 / bf16 state:

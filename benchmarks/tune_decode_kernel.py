@@ -96,7 +96,7 @@ def _resident(programs_per_sm: int, maxnreg: int | None) -> dict[str, Any]:
 # candidate is checked against. History (H200): on 2026-11-29 a first version loaded its whole
 # slice at once; splits 8 and 16 lost everywhere (the K-side work is repeated by every slice's
 # program), then the V loop (tiles of 16, 2 warps) won at large B. The ncu profile of 2026-11-29
-# (session 2, docs/benchmarks.md) showed that kernel limited by registers (128 fp32 / 145 bf16
+# (docs/benchmarks.md) showed that kernel limited by registers (128 fp32 / 145 bf16
 # per thread: 25% / 18.75% occupancy) and instruction issue, not DRAM (53% / 32% of peak):
 # moving the flush out of the V loop cut bf16 to 128 registers; the candidates below cap the
 # registers further (persistent grids with maxnreg) to fit more programs per SM.

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
 python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
-python -m pip install --quiet -e ".[test,dev,guards,kernels]"
+python -m pip install --quiet -e ".[test,dev,guards,kernels,lsp]"
 
 echo "== ruff"
 ruff check .

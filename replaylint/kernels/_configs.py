@@ -5,7 +5,7 @@ A config is the V split (how many programs share one (row, value head): each tak
 (``block_sizes``), ``num_warps`` and ``num_stages`` (and, in tuning candidates, a persistent
 ``pid_type`` with ``maxnreg``).
 
-Chosen with ``benchmarks/tune_decode_kernel.py`` (2026-11-29, session 2, NVIDIA H200, torch
+Chosen with ``benchmarks/tune_decode_kernel.py`` (2026-11-29, NVIDIA H200, torch
 2.11, triton 3.6, helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``) for the kernel
 body whose flush runs outside the V loop. Kernel-only times under CUDA-graph replay of one
 repeated launch, steady-state cursors (1 row in 16 flushes), H = HV = 32, K = V = 128:

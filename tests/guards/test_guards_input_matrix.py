@@ -1,4 +1,4 @@
-"""Every odd input against every policy of ``@fp32_gate_cache``, as one table (issue #8).
+"""Every odd input against every policy of ``@fp32_gate_cache``, as one table.
 
 Inputs: a non-tensor, meta, sparse, complex and zero-size tensors, in float32 and not. The guard
 checks the dtype only: device checks are the kernel's (tests/kernels/test_validation.py), and a
