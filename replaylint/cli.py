@@ -269,8 +269,8 @@ def _use_colour(args: argparse.Namespace, stream: TextIO) -> bool:
 
 
 def _render(reports: Sequence[FileReport], args: argparse.Namespace, colour: bool) -> str:
-    if args.fix_only:
-        return ""
+    if args.fix_only:  # what remains is not reported; files that could not be linted are
+        reports = [replace(report, findings=[]) for report in reports]
     if args.output_format in {"text", "full"}:
         return render_text(reports, colour=colour)
     if args.output_format == "concise":
@@ -457,11 +457,12 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
 
 
 def _server_command(argv: Sequence[str]) -> int:
+    from replaylint.server import MissingExtraError, serve
+
     try:
-        from replaylint.server import serve
-    except ImportError as error:
+        return serve(argv)
+    except MissingExtraError as error:
         raise UsageError(str(error)) from None
-    return serve(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 from replaylint.server.project import Project, ProjectIndex
 
-__all__ = ["Project", "ProjectIndex", "serve"]
+__all__ = ["MissingExtraError", "Project", "ProjectIndex", "serve"]
+
+
+class MissingExtraError(ImportError):
+    """pygls (the ``lsp`` extra) is not installed; the message says how to install it."""
+
 
 _MISSING = (
     "`replaylint server` needs the language-server extra; "
@@ -35,7 +40,7 @@ def serve(argv: Sequence[str] = ()) -> int:
         from replaylint.server.protocol import create_server
     except ImportError as error:
         if error.name in {"pygls", "lsprotocol"} or "pygls" in str(error):
-            raise ImportError(_MISSING) from error
+            raise MissingExtraError(_MISSING) from error
         raise
     create_server().start_io()
     return 0
