@@ -153,6 +153,12 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write .replaylint_cache/"
     )
+    parser.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="lint again whenever a file changes, until interrupted (Ctrl-C)",
+    )
     parser.add_argument("--version", action="version", version=f"replaylint {__version__}")
     return parser
 
@@ -247,6 +253,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
             f"--statistics prints text or json, not `{args.output_format}`: "
             "use `--output-format json` or drop one of the two options"
         )
+    if args.watch and (args.diff or args.show_files or args.show_settings):
+        raise UsageError("--watch lints again and again: it cannot be combined with that option")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
 
@@ -419,19 +427,35 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     if args.verbose:
         err.write(f"replaylint {__version__}: configuration {settings.config_path or 'none'}\n")
     if reading_stdin:
+        if args.watch:
+            raise UsageError("--watch needs files to watch, not stdin")
         if args.show_files:
             out.write(f"{args.stdin_filename or '-'}\n")
             return EXIT_OK
         from replaylint.lint.engine import Linter
 
         return _stdin(args, settings, Linter(settings), mode, out, err)
-    began = time.perf_counter()
-    files, errors = discover(paths, settings, force_exclude=args.force_exclude)
     if args.show_files:
+        files, errors = discover(paths, settings, force_exclude=args.force_exclude)
         out.write("".join(f"{item.path}\n" for item in files))
         for message in errors:
             err.write(f"error: {message}\n")
         return EXIT_ERROR if errors else EXIT_OK
+    if args.watch:
+        return _watch(args, paths, settings, mode, out, err)
+    return _run_paths(args, paths, settings, mode, out, err)
+
+
+def _run_paths(
+    args: argparse.Namespace,
+    paths: Sequence[Path],
+    settings: Settings,
+    mode: Mode,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    began = time.perf_counter()
+    files, errors = discover(paths, settings, force_exclude=args.force_exclude)
     cache = None if args.no_cache else ResultCache(settings.root, _configuration_key(settings))
     jobs = args.jobs or default_jobs()
     reports = lint_many(
@@ -449,11 +473,51 @@ def _check_command(argv: Sequence[str], out: TextIO, err: TextIO) -> int:
     reports.extend(_not_found(paths, errors))
     if args.verbose:
         err.write(
-            f"replaylint: {len(files)} files linted in {time.perf_counter() - began:.2f} s "
+            f"replaylint: {len(files)} file{'' if len(files) == 1 else 's'} linted in "
+            f"{time.perf_counter() - began:.2f} s "
             f"({jobs} jobs, result cache {'off' if cache is None else 'on'})\n"
         )
     with _output(args, out) as stream:
         return _report(reports, args, mode, stream, err)
+
+
+_WATCH_INTERVAL_S = 0.3
+
+
+def _snapshot(args: argparse.Namespace, paths: Sequence[Path], settings: Settings) -> object:
+    """What a change is seen by: each file's path, size and modification time."""
+    files, errors = discover(paths, settings, force_exclude=args.force_exclude)
+    state = []
+    for item in files:
+        try:
+            status = item.path.stat()
+        except OSError:
+            state.append((str(item.path), -1, -1))
+            continue
+        state.append((str(item.path), status.st_size, status.st_mtime_ns))
+    return (tuple(state), tuple(errors))
+
+
+def _watch(
+    args: argparse.Namespace,
+    paths: Sequence[Path],
+    settings: Settings,
+    mode: Mode,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Lint, then lint again whenever a file is added, removed or changed, until interrupted."""
+    while True:
+        seen = _snapshot(args, paths, settings)
+        _run_paths(args, paths, settings, mode, out, err)
+        err.write(f"[{time.strftime('%H:%M:%S')}] Watching for file changes.\n")
+        out.flush()
+        err.flush()
+        # A --fix run changes the files it fixes: compare against the state after it.
+        seen = _snapshot(args, paths, settings) if mode is Mode.FIX else seen
+        while _snapshot(args, paths, settings) == seen:
+            time.sleep(_WATCH_INTERVAL_S)
+        out.write("\n")
 
 
 def _server_command(argv: Sequence[str]) -> int:

@@ -68,7 +68,7 @@ def test_verbose_says_what_the_run_did(run: RunCli, buggy: Path) -> None:
     done = run("-v", "--no-cache", "a.py")
     assert done.returncode == 1
     assert f"configuration {buggy.parent / 'pyproject.toml'}" in done.stderr
-    assert "1 files linted in" in done.stderr
+    assert "1 file linted in" in done.stderr
     assert "result cache off" in done.stderr
     assert done.stdout.startswith(HEADLINE)
     both = run("-q", "-v", "a.py")
@@ -296,3 +296,49 @@ def test_server_without_the_lsp_extra_says_what_to_install(run: RunCli, project:
     )
     assert done.returncode == 2
     assert "pip install 'replaylint[lsp]'" in done.stderr
+
+
+def _read_until(stream: int, marker: bytes, seen: bytearray, timeout: float) -> None:
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} within {timeout} s; got {bytes(seen)!r}"
+        ready, _, _ = select.select([stream], [], [], left)
+        if ready:
+            chunk = os.read(stream, 4096)
+            assert chunk, f"the process ended; got {bytes(seen)!r}"
+            seen.extend(chunk)
+
+
+def test_watch_lints_again_when_a_file_changes(project: Path, buggy: Path) -> None:
+    root = str(Path(__file__).resolve().parents[2])
+    with subprocess.Popen(
+        [*MODULE, "--watch", "--output-format", "concise", "--select", "RL001", "."],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": root},
+    ) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        try:
+            stderr = bytearray()
+            _read_until(process.stderr.fileno(), b"Watching for file changes", stderr, 60)
+            stdout = bytearray()
+            _read_until(process.stdout.fileno(), b"Found 1 error.", stdout, 10)
+            buggy.write_text(FIXED + "\n")  # a different size: seen whatever the clock's grain
+            _read_until(process.stdout.fileno(), b"All checks passed!", stdout, 60)
+            (project / "b.py").write_text(BUGGY)  # a new file is seen too
+            _read_until(process.stdout.fileno(), b"b.py:2:36: RL001", stdout, 60)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def test_watch_refuses_stdin(run: RunCli, project: Path) -> None:
+    done = run("--watch", "-", stdin=BUGGY.encode())
+    assert done.returncode == 2
+    assert "--watch needs files to watch" in done.stderr
