@@ -21,6 +21,14 @@ python -m pip install --quiet "${pins[@]}"
 
 echo "== the wheel, base install, on examples/"
 python -m pip wheel --quiet --no-deps --wheel-dir "$scratch/dist" .
+python - "$scratch"/dist/replaylint-*.whl <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "LICENSE not in the wheel"
+assert "replaylint/py.typed" in names and "replaylint/server/protocol.py" in names, names
+assert not any(n.startswith("tests/") for n in names), "tests are in the wheel"
+print(f"wheel: {len(names)} files, LICENSE and py.typed included, no tests")
+PY
 python -m pip install --quiet "$scratch"/dist/replaylint-*.whl "${pins[@]}"
 python -m pip check
 (

@@ -54,12 +54,18 @@ def _path(document: TextDocument) -> Path | None:
     return Path(path) if path else None
 
 
+def _is_python(document: TextDocument, path: Path) -> bool:
+    return document.language_id == "python" or path.suffix in {".py", ".pyi"}
+
+
 def _findings(server: ReplaylintServer, document: TextDocument) -> tuple[list[Finding], Any]:
     """The document's findings and, when it could not be linted, its error (or None)."""
     path = _path(document)
-    if path is None:
+    if path is None or not _is_python(document, path):
         return [], None
     project = server.projects.project_for(path)
+    if project.settings.is_excluded(path):  # as the command line's --force-exclude
+        return [], None
     report, _ = project.lint(path, document.source)
     return report.findings, parse_error(report)
 

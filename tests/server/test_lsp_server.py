@@ -148,6 +148,31 @@ async def test_configuration_of_the_files_project(client: LanguageClient, worksp
 
 
 @pytest.mark.asyncio
+async def test_excluded_files_and_other_languages_get_no_diagnostics(
+    client: LanguageClient, workspace: Path
+) -> None:
+    (workspace / "pyproject.toml").write_text(
+        '[tool.replaylint]\nselect = ["RL001"]\nextend-exclude = ["generated"]\n'
+    )
+    (workspace / "generated").mkdir()
+    excluded = workspace / "generated" / "pool.py"
+    excluded.write_text(BUGGY)
+    assert await _open(client, excluded, BUGGY) == []
+    notes = workspace / "notes.txt"
+    notes.write_text(BUGGY)
+    uri = notes.as_uri()
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id="plaintext", version=1, text=BUGGY
+            )
+        )
+    )
+    await client.wait_for_notification(types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+    assert list(client.diagnostics[uri]) == []
+
+
+@pytest.mark.asyncio
 async def test_fix_all_source_action(client: LanguageClient, workspace: Path) -> None:
     text = BUGGY + "gate_cache = torch.empty(2, dtype=torch.half)\n"
     path = workspace / "two.py"
