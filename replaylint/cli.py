@@ -395,7 +395,9 @@ def _show_settings(settings: Settings, out: TextIO) -> int:
     out.write(f"configuration file: {source}\n")
     out.write(f"enabled rules: {', '.join(c for c in KNOWN_CODES if settings.is_enabled(c))}\n")
     for field in fields(settings):
-        out.write(f"{field.name.replace('_', '-')}: {getattr(settings, field.name)!r}\n")
+        value = getattr(settings, field.name)
+        shown = str(value) if isinstance(value, Path) else repr(value)
+        out.write(f"{field.name.replace('_', '-')}: {shown}\n")
     return EXIT_OK
 
 

@@ -88,6 +88,7 @@ def test_show_settings(run: RunCli, project: Path) -> None:
     assert "RL003" not in enabled
     assert "RL004" not in enabled
     assert "extend-exclude: ('gen', 'vendored', 'third')" in lines
+    assert f"root: {project}" in lines
 
 
 def test_show_files_honours_excludes(run: RunCli, project: Path) -> None:
