@@ -27,7 +27,7 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as _error:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        "replaylint.guards needs PyTorch; install it with `pip install replaylint[guards]`."
+        "replaylint.guards needs PyTorch; install it with `pip install 'replaylint[guards]'`."
     ) from _error
 
 from replaylint.guards._errors import (

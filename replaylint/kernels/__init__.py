@@ -10,6 +10,13 @@
 Importing this package does not import helion; the first kernel call does.
 """
 
+import importlib.util as _util
+
+if _util.find_spec("torch") is None or _util.find_spec("helion") is None:  # pragma: no cover
+    raise ImportError(
+        "replaylint.kernels needs PyTorch and Helion; install them with `pip install 'replaylint[kernels]'`."
+    )
+
 from replaylint.kernels._cache import ReplaySSMCache, next_write_pos
 from replaylint.kernels._decode import replayssm_decode
 from replaylint.kernels._reference import (

@@ -11,7 +11,9 @@
         print(finding.location.row, finding.code, finding.message)
     fixed = linter.fix(pool_source, "pool.py").source
 
-:func:`lint_many` runs over paths on disk as the command line does (result cache, workers).
+:func:`discover` finds the files under some paths as the command line does (``exclude``,
+``.gitignore``) and :func:`lint_many` lints them (learning pass, pre-filter, result cache,
+workers). docs/library.md documents the API with a tested example.
 Names are imported on first use, so ``import replaylint.lint`` costs nothing; the analysis (and
 libcst) is imported only with :class:`Linter`, :class:`Rule`, :class:`Valid` or :class:`Invalid`.
 The package layout and its layers are described in ``docs/architecture.md``.
@@ -41,10 +43,12 @@ if TYPE_CHECKING:
     )
     from replaylint.lint.rules.base import Invalid, Rule, Valid
     from replaylint.lint.run.batch import lint_many
+    from replaylint.lint.run.discovery import Discovered, discover
 
 _EXPORTS: dict[str, str] = {
     "Applicability": "replaylint.lint.model",
     "ConfigError": "replaylint.lint.config.loading",
+    "Discovered": "replaylint.lint.run.discovery",
     "Edit": "replaylint.lint.model",
     "EntryPoint": "replaylint.lint.gatecache.entry_points",
     "FileReport": "replaylint.lint.model",
@@ -60,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "Settings": "replaylint.lint.config.settings",
     "SourceError": "replaylint.lint.model",
     "Valid": "replaylint.lint.rules.base",
+    "discover": "replaylint.lint.run.discovery",
     "lint_many": "replaylint.lint.run.batch",
     "load_settings": "replaylint.lint.config.loading",
 }
@@ -67,6 +72,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "Applicability",
     "ConfigError",
+    "Discovered",
     "Edit",
     "EntryPoint",
     "FileReport",
@@ -82,6 +88,7 @@ __all__ = [
     "Settings",
     "SourceError",
     "Valid",
+    "discover",
     "lint_many",
     "load_settings",
 ]

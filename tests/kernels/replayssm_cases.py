@@ -17,7 +17,7 @@ from replaylint.kernels import (
 
 @dataclass(frozen=True)
 class Case:
-    """One test configuration. Defaults: the small CPU shape of the kernel issue."""
+    """One test configuration. Defaults: a small shape that runs quickly on the CPU."""
 
     batch: int = 3
     num_heads: int = 2

@@ -2,7 +2,7 @@
 programs and the regression tests on the failing examples the fuzzing found.
 
 Each check goes through the public API (:class:`~replaylint.lint.engine.Linter` and
-:func:`~replaylint.lint.runner.lint_text`) and raises ``AssertionError`` with the evidence.
+:func:`~replaylint.lint.run.one_file.lint_text`) and raises ``AssertionError`` with the evidence.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def test_stdin_fix_with_bad_input_echoes_it_unchanged(
 
 
 def test_examples_show_findings_and_fix_clean(run: RunCli, project: Path) -> None:
-    # The "done when": `replaylint examples/` exits 1 and shows the findings, and
+    # What the README promises: `replaylint examples/` exits 1 and shows the findings, and
     # `replaylint --fix` on a copy leaves nothing to report.
     examples = Path(__file__).resolve().parents[2] / "examples"
     shutil.copytree(examples, project / "examples")

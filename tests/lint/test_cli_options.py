@@ -235,11 +235,22 @@ def test_diff_wins_over_fix(cli: RunCli, buggy: Path) -> None:
     assert buggy.read_text() == BUGGY
 
 
-def test_diff_json_output_has_no_summary(cli: RunCli, buggy: Path) -> None:
-    done = cli("--diff", "--output-format", "json", "--select", "RL001", "a.py")
+@pytest.mark.parametrize("output_format", ["json", "sarif", "github", "gitlab", "junit"])
+def test_diff_refuses_a_machine_format(cli: RunCli, buggy: Path, output_format: str) -> None:
+    done = cli("--diff", "--output-format", output_format, "--select", "RL001", "a.py")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert f"--diff prints a unified diff, not `{output_format}`" in done.stderr
+    assert buggy.read_text() == BUGGY
+
+
+@pytest.mark.parametrize("output_format", ["concise", "full"])
+def test_diff_with_a_text_format_prints_the_diff(
+    cli: RunCli, buggy: Path, output_format: str
+) -> None:
+    done = cli("--diff", "--output-format", output_format, "--select", "RL001", "a.py")
     assert done.returncode == 1
     assert done.stdout.startswith("--- a/a.py\n+++ b/a.py\n")
-    assert done.stderr == ""
+    assert done.stderr == "Would fix 1 error in 1 file.\n"
 
 
 def test_diff_over_several_files(cli: RunCli, project: Path) -> None:

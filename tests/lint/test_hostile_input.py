@@ -1,4 +1,4 @@
-"""Hostile and odd input (issue #8), beyond tests/lint/test_files.py: Python 2 syntax, tabs, no
+"""Hostile and odd input, beyond tests/lint/test_files.py: Python 2 syntax, tabs, no
 trailing newline, very deep nesting, a 10 MB file and two ``--fix`` runs racing on one tree.
 
 Each case gets a clear one-line message naming the file, exit code 2 (or a correct fix where the

@@ -63,14 +63,18 @@ def test_json_has_ruffs_fields(cli: RunCli, project: Path) -> None:
     (project / "a.py").write_text(BUGGY)
     [finding] = json_findings(cli, "a.py")
     assert set(finding) == {
+        "cell",
         "code",
         "message",
         "filename",
         "location",
         "end_location",
         "fix",
+        "noqa_row",
         "url",
     }
+    assert finding["cell"] is None
+    assert finding["noqa_row"] == 2
     assert finding["code"] == "RL001"
     assert "`g_cache`" in finding["message"]
     assert "torch.bfloat16" in finding["message"]

@@ -1,6 +1,6 @@
 """Finding positions computed for chosen nodes must be exactly libcst's whole-tree positions.
 
-:class:`replaylint.lint.positions.NodePositions` replaces ``PositionProvider`` (spans) and
+:class:`replaylint.lint.syntax.positions.NodePositions` replaces ``PositionProvider`` (spans) and
 ``ParentNodeProvider`` (the statement around a finding). Here every node of every corpus file is
 located both ways and the answers must agree, span for span and row for row.
 """

@@ -119,6 +119,23 @@ def test_no_findings_validate(
     assert log["runs"][0]["results"] == []
 
 
+def test_files_that_could_not_be_linted_validate(
+    cli: RunCli, project: Path, validator: jsonschema.protocols.Validator
+) -> None:
+    (project / "a.py").write_text(BUGGY)
+    (project / "broken.py").write_text("import torch\ndef (g_cache:\n")
+    (project / "latin.py").write_bytes(b"g_cache = '\xff'\n")
+    log = sarif(cli, "a.py", "broken.py", "latin.py", "missing.py", expected_exit=2)
+    assert_valid(validator, log)
+    [invocation] = log["runs"][0]["invocations"]
+    assert invocation["executionSuccessful"] is False
+    notes = invocation["toolExecutionNotifications"]
+    uris = [n["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for n in notes]
+    assert uris == ["broken.py", "latin.py", "missing.py"]
+    assert "region" in notes[0]["locations"][0]["physicalLocation"]
+    assert len(log["runs"][0]["results"]) == 1
+
+
 def test_absolute_paths_validate(
     cli: RunCli, project: Path, validator: jsonschema.protocols.Validator
 ) -> None:

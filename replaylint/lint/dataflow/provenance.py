@@ -1,6 +1,6 @@
 """What dtype an expression provably has, and which line made it so.
 
-Two questions, asked at a :class:`~replaylint.lint.scopes.Site`:
+Two questions, asked at a :class:`~replaylint.lint.syntax.sites.Site`:
 
 * :meth:`Provenance.dtype_facts` — for an expression used as a dtype (``dtype=ring_dtype``): the
   literal dtypes it may be, or that it is not known, following local bindings

@@ -1,4 +1,8 @@
-"""SARIF 2.1.0, for GitHub code scanning and other SARIF consumers."""
+"""SARIF 2.1.0, for GitHub code scanning and other SARIF consumers.
+
+Files that could not be linted are ``invocations[0].toolExecutionNotifications`` (with
+``executionSuccessful: false``), not results: they are not findings of a rule.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from replaylint._project import PROJECT_URL
 from replaylint._version import __version__
 from replaylint.lint.model import FileReport, Finding, Location
+from replaylint.lint.report.errors import FileError, file_errors
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
@@ -67,6 +73,20 @@ def _result(finding: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
     return result
 
 
+def _notification(error: FileError) -> dict[str, Any]:
+    region: dict[str, int] = {}
+    if error.has_position:
+        region = {"startLine": error.location.row, "startColumn": error.location.column}
+    physical: dict[str, Any] = {"artifactLocation": _artifact(error.filename)}
+    if region:
+        physical["region"] = region
+    return {
+        "level": "error",
+        "message": {"text": error.message},
+        "locations": [{"physicalLocation": physical}],
+    }
+
+
 def render_sarif(reports: Sequence[FileReport]) -> str:
     # The rules' full documentation is only here: import them (and libcst) only for this format.
     from replaylint.lint.rules.registry import ALL_RULES
@@ -84,6 +104,7 @@ def render_sarif(reports: Sequence[FileReport]) -> str:
         for rule in ALL_RULES
     ]
     rule_index = {rule.CODE: position for position, rule in enumerate(ALL_RULES)}
+    notifications = [_notification(error) for error in file_errors(reports)]
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -93,13 +114,19 @@ def render_sarif(reports: Sequence[FileReport]) -> str:
                     "driver": {
                         "name": "replaylint",
                         "version": __version__,
-                        "informationUri": "https://github.com/replaylint/replaylint",
+                        "informationUri": PROJECT_URL,
                         "rules": rules,
                     }
                 },
                 "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().as_uri() + "/"}},
                 # Our columns count characters; SARIF's default is UTF-16 code units.
                 "columnKind": "unicodeCodePoints",
+                "invocations": [
+                    {
+                        "executionSuccessful": not notifications,
+                        "toolExecutionNotifications": notifications,
+                    }
+                ],
                 "results": [_result(f, rule_index) for report in reports for f in report.findings],
             }
         ],

@@ -39,6 +39,16 @@ def _hidden_fixes(count: int) -> str:
     return f"{fixes} can be enabled with the `--unsafe-fixes` option"
 
 
+def render_fix_only_summary(reports: Sequence[FileReport], mode: Mode, unreadable: int) -> str:
+    """``--fix-only``: what was fixed; what remains is not reported."""
+    fixed = sum(r.fixed for r in reports)
+    text = f"Fixed {_errors(fixed)}.\n" if fixed else "No errors fixed.\n"
+    if unreadable:
+        files = "1 file" if unreadable == 1 else f"{unreadable} files"
+        text += f"{files} could not be checked (see the errors above).\n"
+    return text
+
+
 def render_summary(reports: Sequence[FileReport], mode: Mode, unreadable: int) -> str:
     remaining = sum(len(r.findings) for r in reports)
     fixed = sum(r.fixed for r in reports)

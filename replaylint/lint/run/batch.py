@@ -2,7 +2,7 @@
 
 A run looks at each file's size and modification time first: files the cache knows in that state
 are not read at all. The others are scanned: one ``grep`` per core finds the few files that name a
-gate cache or a decode entry point (:mod:`replaylint.lint.needle_search`), and only those are read
+gate cache or a decode entry point (:mod:`replaylint.lint.gatecache.grep`), and only those are read
 here, to learn the gate-cache names their decode calls teach and to confirm, word by word, that
 they may hold a finding. With the learned names fixed, every file whose cached results were
 computed with the same names is answered from the cache; the rest are analysed — in worker
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 # Analysing fewer bytes than this is faster in this process than starting workers.
 _PARALLEL_MIN_BYTES = 48 * 1024
-# Scanning more files than this starts with grep over all of them (needle_search.py).
+# Scanning more files than this starts with grep over all of them (gatecache/grep.py).
 _SEARCH_MIN_FILES = 64
 # Reading and classifying more files than this is spread over worker processes.
 _PARALLEL_MIN_SCANS = 32

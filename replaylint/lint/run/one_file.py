@@ -63,7 +63,7 @@ def lint_text(
             error = _python_syntax_error(text) or error
         report.error = _error(filename, error)
         return report, text
-    except RecursionError:  # libcst's tree walks recurse per level (see parse_limits.py)
+    except RecursionError:  # libcst's tree walks recurse per level (see syntax/limits.py)
         report.error = (
             f"{filename}: is too deeply nested to analyse (Python's recursion limit); "
             "replaylint skipped it"

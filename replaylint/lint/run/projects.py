@@ -54,15 +54,18 @@ def plan_projects(
     settings_for: SettingsFor,
     *,
     config: Path | None = None,
+    isolated: bool = False,
     force_exclude: bool = False,
 ) -> tuple[list[Project], list[str]]:
-    """Group the files under ``paths`` by the configuration they follow; and path errors."""
+    """Group the files under ``paths`` by the configuration they follow; and path errors.
+    ``config`` (one file for every path) and ``isolated`` (no configuration files) override the
+    nearest configuration."""
     projects: dict[Path | None, Project] = {}
     errors: list[str] = []
     configs: dict[Path, Path | None] = {}
 
     def project_of(target: Path) -> Project:
-        key = config if config is not None else _nearest(target, configs)
+        key = config if config is not None or isolated else _nearest(target, configs)
         project = projects.get(key)
         if project is None:
             settings = settings_for(target)
