@@ -62,10 +62,10 @@ def plan_projects(
     nearest configuration."""
     projects: dict[Path | None, Project] = {}
     errors: list[str] = []
-    configs: dict[Path, Path | None] = {}
+    nearest = _NearestConfig()
 
-    def project_of(target: Path) -> Project:
-        key = config if config is not None or isolated else _nearest(target, configs)
+    def project_of(target: Path, *, folder: bool) -> Project:
+        key = config if config is not None or isolated else nearest.of(target, folder=folder)
         project = projects.get(key)
         if project is None:
             settings = settings_for(target)
@@ -75,7 +75,7 @@ def plan_projects(
 
     seen: set[Path] = set()
     for given in paths:
-        project = project_of(given)
+        project = project_of(given, folder=given.is_dir())
         if project.root is not None and given.absolute() == project.root:
             project.named_root = True
         found, problems = discover([given], project.settings, force_exclude=force_exclude)
@@ -83,15 +83,43 @@ def plan_projects(
         for item in found:
             if item.path not in seen:
                 seen.add(item.path)
-                project_of(item.path).files.append(item)
+                project_of(item.path, folder=False).files.append(item)
     return [project for project in projects.values() if project.files], errors
 
 
-def _nearest(target: Path, memo: dict[Path, Path | None]) -> Path | None:
-    folder = (target if target.is_dir() else target.parent).absolute()
-    if folder not in memo:
-        memo[folder] = find_config(folder)
-    return memo[folder]
+class _NearestConfig:
+    """The configuration file each folder follows, found once per folder (a tree of thousands
+    of files has a few hundred folders, and each shares its parent's answer)."""
+
+    def __init__(self) -> None:
+        self._folders: dict[str, Path | None] = {}
+        self._as_named: dict[str, Path | None] = {}
+
+    def of(self, target: Path, *, folder: bool) -> Path | None:
+        named = str(target) if folder else os.path.dirname(str(target))
+        if named not in self._as_named:
+            self._as_named[named] = self._in(os.path.abspath(named or "."))
+        return self._as_named[named]
+
+    def _in(self, folder: str) -> Path | None:
+        if folder in self._folders:
+            return self._folders[folder]
+        found = _own_config(folder)
+        if found is None:
+            parent = os.path.dirname(folder)
+            found = self._in(parent) if parent != folder else None
+        self._folders[folder] = found
+        return found
+
+
+def _own_config(folder: str) -> Path | None:
+    """The folder's own ``replaylint.toml``, or ``pyproject.toml`` with ``[tool.replaylint]``."""
+    for name in ("replaylint.toml", "pyproject.toml"):
+        if os.path.isfile(os.path.join(folder, name)):
+            found = find_config(Path(folder))
+            if found is not None and str(found.parent) == folder:
+                return found
+    return None
 
 
 def _git_work_tree(target: Path) -> Path | None:
