@@ -24,6 +24,7 @@ from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.model import Finding, SourceError
 from replaylint.lint.rules.base import Rule
+from replaylint.lint.rules.catalogue import RULE_NAMES
 from replaylint.lint.rules.registry import ALL_RULES
 from replaylint.lint.syntax.noqa import parse_suppressions
 from replaylint.lint.syntax.parse import parse
@@ -99,6 +100,14 @@ class Linter:
         findings = materialise(filename, module, context.positions, context.drafts, source)
         suppressions = parse_suppressions(source)
         return sorted((f for f in findings if not suppressions.suppresses(f)), key=Finding.sort_key)
+
+    def noqa_notes(self, source: str, filename: str = "<stdin>") -> list[str]:
+        """Warnings about ``# noqa`` comments that misfire: a blanket ``# noqa RL001`` (no
+        colon: it suppresses every code on its line) or an ``RL`` code that is no rule."""
+        if "noqa" not in source.lower():
+            return []
+        problems = parse_suppressions(source, "RL", RULE_NAMES).problems
+        return [f"{filename}:{problem.row}: {problem.message}" for problem in problems]
 
     def fix(self, source: str, filename: str = "<stdin>", *, unsafe: bool = False) -> FixResult:
         """Apply fixes until none is left (bounded); never returns unparsable source."""

@@ -129,3 +129,45 @@ def test_suppressed_findings_are_not_fixed(cli: RunCli) -> None:
         f"import torch\ng_cache = {ALLOCATION}  # noqa: RL001\n"
         "gate_cache = torch.zeros(4, dtype=torch.float32)\n"
     )
+
+
+@pytest.mark.usefixtures("project")
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\n"], ids=["cr", "crlf", "lf"])
+def test_noqa_is_read_whatever_the_line_endings(cli: RunCli, newline: str) -> None:
+    source = newline.join(
+        [
+            "import torch",
+            f"g_cache = {ALLOCATION}  # noqa: RL001",
+            f"gate_cache = {ALLOCATION}",
+            "",
+        ]
+    )
+    Path("a.py").write_bytes(source.encode())
+    done = cli("--output-format", "json", "--select", "RL001", "a.py")
+    assert [f["location"]["row"] for f in json.loads(done.stdout)] == [3]
+    file_wide = newline.join(["# replaylint: noqa", "import torch", f"g_cache = {ALLOCATION}", ""])
+    Path("a.py").write_bytes(file_wide.encode())
+    assert json.loads(cli("--output-format", "json", "a.py").stdout) == []
+
+
+@pytest.mark.usefixtures("project")
+@pytest.mark.parametrize(
+    ("comment", "warning"),
+    [
+        ("# noqa RL001", "`# noqa RL001` is a blanket `# noqa`"),
+        ("# noqa : RL001", "write `# noqa: RL001` to suppress only RL001"),
+        ("# noqa: RL999", "names RL999, which is not a replaylint rule code"),
+    ],
+)
+def test_misfiring_noqa_comments_are_warned_about(cli: RunCli, comment: str, warning: str) -> None:
+    Path("a.py").write_text(f"import torch\ng_cache = {ALLOCATION}  {comment}\n")
+    done = cli("a.py")
+    assert "warning: a.py:2: " in done.stderr
+    assert warning in done.stderr
+
+
+@pytest.mark.usefixtures("project")
+@pytest.mark.parametrize("comment", ["# noqa: RL001", "# noqa: E501, RL001", "# noqa"])
+def test_well_formed_noqa_comments_draw_no_warning(cli: RunCli, comment: str) -> None:
+    Path("a.py").write_text(f"import torch\ng_cache = {ALLOCATION}  {comment}\n")
+    assert "warning" not in cli("a.py").stderr

@@ -54,6 +54,7 @@ def lint_text(
     """Lint (and in fix/diff mode fix) ``text``; returns the report and the resulting text."""
     report = FileReport(filename, source=text, unsafe_fixes=unsafe)
     try:
+        report.notes.extend(linter.noqa_notes(text, filename))
         if mode is Mode.CHECK:
             report.findings = linter.check(text, filename)
             return report, text

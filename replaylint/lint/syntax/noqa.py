@@ -14,14 +14,25 @@ _FILE_NOQA = re.compile(
     r"#\s*replaylint\s*:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I
 )
 _ALL = frozenset({"*"})
+# What follows a blanket `# noqa` that was meant to name codes: `# noqa RL001`, `# noqa : RL001`.
+_MISSPELT_CODES = re.compile(r"\s*:?\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*)", re.I)
+
+
+@dataclass(frozen=True)
+class NoqaProblem:
+    """A ``# noqa`` comment that does not do what it seems to: ``row`` and what to write."""
+
+    row: int
+    message: str
 
 
 @dataclass
 class Suppressions:
-    """Which codes are suppressed on which rows, and file-wide."""
+    """Which codes are suppressed on which rows, and file-wide; and comments that misfire."""
 
     by_row: dict[int, frozenset[str]] = field(default_factory=dict)
     file_wide: frozenset[str] = frozenset()
+    problems: list[NoqaProblem] = field(default_factory=list)
 
     def suppresses(self, finding: Finding) -> bool:
         if _covers(self.file_wide, finding.code):
@@ -69,7 +80,13 @@ def _comments(source: str) -> Iterable[tuple[int, str, bool]]:
                 yield row, line[line.index("#") :], line.lstrip().startswith("#")
 
 
-def parse_suppressions(source: str) -> Suppressions:
+def parse_suppressions(
+    source: str, known_prefix: str = "", known: Iterable[str] = ()
+) -> Suppressions:
+    """The file's ``# noqa`` comments. A code that starts with ``known_prefix`` but is not one of
+    ``known`` is a problem (other tools' codes, ``E501``, are left alone), and so is a blanket
+    ``# noqa`` followed by codes without the colon, which suppresses every code on its line."""
+    known_codes = frozenset(known)
     result = Suppressions()
     if "noqa" not in source.lower():
         return result
@@ -84,6 +101,35 @@ def parse_suppressions(source: str) -> Suppressions:
             continue
         match = _NOQA.search(comment)
         if match is not None:
-            result.by_row[row] = result.by_row.get(row, frozenset()) | _codes(match)
+            codes = _codes(match)
+            result.by_row[row] = result.by_row.get(row, frozenset()) | codes
+            result.problems.extend(_problems(row, comment, match, codes, known_prefix, known_codes))
     result.file_wide = frozenset(file_wide)
     return result
+
+
+def _problems(
+    row: int,
+    comment: str,
+    match: re.Match[str],
+    codes: frozenset[str],
+    known_prefix: str,
+    known: frozenset[str],
+) -> Iterable[NoqaProblem]:
+    if codes is _ALL:
+        meant = _MISSPELT_CODES.match(comment, match.end())
+        if meant is not None:
+            written = comment[match.start() : meant.end()].strip()
+            wanted = ", ".join(sorted(_codes(meant)))
+            yield NoqaProblem(
+                row,
+                f"`{written}` is a blanket `# noqa`: it suppresses every code on the line; "
+                f"write `# noqa: {wanted}` to suppress only {wanted}",
+            )
+        return
+    if known_prefix:
+        for code in sorted(codes):
+            if code.startswith(known_prefix) and code not in known:
+                yield NoqaProblem(
+                    row, f"`# noqa` names {code}, which is not a replaylint rule code"
+                )
