@@ -15,33 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from test_learning import POOL, STEP  # a pool and the decode call that teaches its name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-POOL = textwrap.dedent(
-    """
-    import torch
-
-    class DecayPool:
-        def __init__(self, shape, dtype):
-            self.delta_ring = torch.zeros(shape, dtype=dtype)
-            self.decay_ring = torch.zeros(shape, dtype=dtype)
-    """
-).lstrip()
-
-STEP = textwrap.dedent(
-    """
-    from kernels import ops
-
-    def step(pool, inputs):
-        return ops.kda_replayssm_decode(**inputs, d_cache=pool.delta_ring, g_cache=pool.decay_ring)
-    """
-).lstrip()
 
 BUGGY = "import torch\ng_cache = torch.zeros(4, 16, dtype=torch.bfloat16)\n"
 

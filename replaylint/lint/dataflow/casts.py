@@ -16,6 +16,7 @@ from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype
 from replaylint.lint.dataflow.facts import (
     DeviceOfOther,
     DtypeFact,
+    Float32Target,
     FloatTensorType,
     Kind,
     SetDtype,
@@ -67,20 +68,9 @@ def to_facts(
             yield TensorFact(Kind.UNKNOWN, call)
             return
     if dtype_expr is not None:
+        detail = f"`.to({one_line(prov.index.module, dtype_expr)})`"
         facts = prov.dtype_facts(dtype_expr, site, env)
-        if all(f.is_float32 for f in facts):
-            yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
-        elif all_not_floating(facts):
-            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
-        else:
-            yield TensorFact(
-                Kind.CAST,
-                dtype_expr,
-                call=call,
-                dtypes=facts,
-                detail=f"`.to({one_line(prov.index.module, dtype_expr)})`",
-                target=SetDtype(dtype_expr),
-            )
+        yield _cast(call, dtype_expr, facts, detail, SetDtype(dtype_expr))
         return
     if other is not None:
         other_facts = prov.tensor_facts(other, site, env)
@@ -119,16 +109,9 @@ def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterat
             yield TensorFact(Kind.FLOAT32, call)
             return
         dtypes = (DtypeFact(TENSOR_TYPE_DTYPES.get(tensor_type), target),)
-        if all_not_floating(dtypes):
-            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
-            return
-        yield TensorFact(
-            Kind.CAST,
-            target.attr,
-            call=call,
-            dtypes=dtypes,
-            detail=f"`.type({one_line(prov.index.module, target)})`",
-            target=FloatTensorType(target.attr, FLOAT32_TENSOR_TYPE),
+        detail = f"`.type({one_line(prov.index.module, target)})`"
+        yield _cast(
+            call, target.attr, dtypes, detail, FloatTensorType(target.attr, FLOAT32_TENSOR_TYPE)
         )
         return
     name = literal_string(target)
@@ -138,33 +121,28 @@ def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterat
             return
         replacement = _float_tensor_type(name)
         dtypes = (DtypeFact(TENSOR_TYPE_DTYPES.get(name.rpartition(".")[2]), target),)
-        if all_not_floating(dtypes):
-            yield TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
-            return
-        yield TensorFact(
-            Kind.CAST,
-            target,
-            call=call,
-            dtypes=dtypes,
-            detail=f"`.type({name!r})`",
-            target=None if replacement is None else FloatTensorType(target, replacement),
-        )
+        float_type = None if replacement is None else FloatTensorType(target, replacement)
+        yield _cast(call, target, dtypes, f"`.type({name!r})`", float_type)
         return
     facts = prov.dtype_facts(target, site, env)
-    if all(f.is_float32 for f in facts):
-        yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
-        return
-    if all_not_floating(facts):
-        yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
-        return
-    yield TensorFact(
-        Kind.CAST,
-        target,
-        call=call,
-        dtypes=facts,
-        detail=f"`.type({one_line(prov.index.module, target)})`",
-        target=SetDtype(target),
-    )
+    detail = f"`.type({one_line(prov.index.module, target)})`"
+    yield _cast(call, target, facts, detail, SetDtype(target))
+
+
+def _cast(
+    call: cst.Call,
+    node: cst.CSTNode,
+    dtypes: tuple[DtypeFact, ...],
+    detail: str,
+    target: Float32Target | None,
+) -> TensorFact:
+    """What a cast to one of ``dtypes`` makes: float32, a tensor that is not floating point at
+    all (an index or a mask), or a cast that a finding points at ``node`` for."""
+    if dtypes and all(d.is_float32 for d in dtypes):
+        return TensorFact(Kind.FLOAT32, call, dtypes=dtypes)
+    if all_not_floating(dtypes):
+        return TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
+    return TensorFact(Kind.CAST, node, call=call, dtypes=dtypes, detail=detail, target=target)
 
 
 def to_argument_role(
