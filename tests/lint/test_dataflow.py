@@ -310,3 +310,16 @@ def test_a_condition_on_the_name_it_guards_terminates() -> None:
         return caches
     """
     assert _check(source) == []
+
+
+def test_a_class_constant_does_not_vouch_for_an_attribute_another_class_assigns() -> None:
+    source = """
+    import torch
+    class Defaults:
+        dtype = torch.float32
+    class Pool:
+        def __init__(self, shape, dtype):
+            self.dtype = dtype
+            self.g_cache = torch.zeros(shape, dtype=self.dtype)
+    """
+    assert _check(source) == [(7, "RL002")]

@@ -27,6 +27,7 @@ class ModuleIndex:
         self._reads: dict[tuple[int, str], int] = {}
         self._calls: dict[str, list[cst.Call]] | None = None
         self._classes: list[cst.ClassDef] | None = None
+        self._assigned: set[str] | None = None
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
@@ -83,12 +84,25 @@ class ModuleIndex:
         assert self._classes is not None
         return self._classes
 
+    def assigns_attribute(self, name: str) -> bool:
+        """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or sets
+        attributes by name (``setattr``), anywhere."""
+        if self._assigned is None:
+            self._collect()
+        assert self._assigned is not None
+        return name in self._assigned or "*" in self._assigned
+
     def _collect(self) -> None:
         calls: dict[str, list[cst.Call]] = {}
         classes: list[cst.ClassDef] = []
+        assigned: set[str] = set()
         stack: list[cst.CSTNode] = [self.module]
         while stack:
             node = stack.pop()
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)) and isinstance(
+                node.target, cst.Attribute
+            ):
+                assigned.add(node.target.attr.value)
             if isinstance(node, cst.Call):
                 func = node.func
                 name = (
@@ -100,7 +114,9 @@ class ModuleIndex:
                 )
                 if name is not None:
                     calls.setdefault(name, []).append(node)
+                if name in {"setattr", "__setattr__"}:
+                    assigned.add("*")
             elif isinstance(node, cst.ClassDef):
                 classes.append(node)
             stack.extend(reversed(node.children))
-        self._calls, self._classes = calls, classes
+        self._calls, self._classes, self._assigned = calls, classes, assigned

@@ -25,17 +25,27 @@ if TYPE_CHECKING:
 
 
 def attribute_dtype(
-    prov: Provenance, attribute: cst.Attribute, env: Env
+    prov: Provenance, attribute: cst.Attribute, site: Site, env: Env
 ) -> tuple[DtypeFact, ...] | None:
     """The dtypes ``<x>.<name>`` may be when ``name`` is a constant, field or property of the
-    module's classes and nothing in the module writes another value; None when unknown."""
+    module's classes (of the enclosing class, for ``self.<name>``) and nothing in the module
+    assigns ``<anything>.<name>``; None when unknown."""
     name = attribute.attr.value
+    receiver = attribute.value
+    if isinstance(receiver, cst.Name) and receiver.value in {"self", "cls"}:
+        owner = site.enclosing_class()
+        classes = [owner] if owner is not None else []
+    else:
+        classes = prov.index.classes()
+    # An instance may carry another value than its class's.
+    if prov.index.assigns_attribute(name):
+        return None
     values: list[tuple[cst.BaseExpression, Site]] = []
-    for cls in prov.index.classes():
+    for cls in classes:
         found = list(_class_values(cls, name))
         if not found:
             continue
-        if _instances_write(cls, name) or _constructed_with(prov, cls, name):
+        if _constructed_with(prov, cls, name):
             return None
         class_site = Site((prov.index.module, cls), None)
         values.extend((value, class_site) for value in found)
@@ -125,24 +135,6 @@ def _returns(function: cst.FunctionDef) -> Iterator[cst.BaseExpression]:
             yield node.value
         elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             stack.extend(node.children)
-
-
-def _instances_write(cls: cst.ClassDef, name: str) -> bool:
-    """Whether a method of ``cls`` assigns ``self.<name>`` (or uses setattr on it)."""
-    stack: list[cst.CSTNode] = [cls.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
-            target = node.target
-            if isinstance(target, cst.Attribute) and target.attr.value == name:
-                return True
-        if isinstance(node, cst.Call) and dotted_name(node.func) in {
-            "setattr",
-            "object.__setattr__",
-        }:
-            return True
-        stack.extend(node.children)
-    return False
 
 
 def _constructed_with(prov: Provenance, cls: cst.ClassDef, name: str) -> bool:

@@ -182,7 +182,7 @@ class Provenance:
         if isinstance(expr, cst.Attribute):
             # A class constant, field or property proves float32, or the attribute stays unknown
             # (an instance may carry another value than the class default).
-            member = members.attribute_dtype(self, expr, env)
+            member = members.attribute_dtype(self, expr, site, env)
             if member is not None and all(f.is_float32 for f in member):
                 return member
             return (DtypeFact(None, expr),)
