@@ -162,6 +162,13 @@ class BindingWalker(Visitor):
                     self._bind(sub_target, sub_value, stmt)
             return
         name = binding_name(target)
+        if (
+            name == "data"
+            and isinstance(target, cst.Attribute)
+            and (inner := binding_name(target.value)) is not None
+            and self.names.matches(inner)
+        ):
+            name = inner  # `self.g_cache.data = x` replaces the cache's contents and dtype
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
@@ -188,6 +195,24 @@ class BindingWalker(Visitor):
         if node.value is not None:
             self._bind(node.target, node.value, node)
 
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        # `self.g_caches += [ring, ...]` adds rings to a list of gate caches; `g_cache += x` on a
+        # tensor is in place and keeps its dtype
+        if isinstance(node.operator, cst.AddAssign) and isinstance(node.value, _SEQUENCES):
+            self._bind(node.target, node.value, node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        # `@property def g_cache(self): return self._ring.half()`
+        function = self._scopes[-1]
+        if (
+            node.value is not None
+            and isinstance(function, cst.FunctionDef)
+            and self.names.matches(function.name.value)
+            and any(_is_property(d.decorator) for d in function.decorators)
+        ):
+            name = function.name.value
+            self._found(GateCacheBinding(name, name, node.value, node, self.site()))
+
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind(node.target, node.value, node, self._walrus_shared.pop(id(node), ()))
 
@@ -209,15 +234,47 @@ class BindingWalker(Visitor):
                 )
         method = method_name(node)
         positional = positional_args(node)
-        if method == "register_buffer" and len(positional) >= 2:
+        if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
+            # `self.g_caches.append(ring)`: the element becomes a gate cache
+            assert isinstance(node.func, cst.Attribute)
+            name = binding_name(node.func.value)
+            if name is not None and self.names.matches(name):
+                display = self.module.code_for_node(node.func.value).strip()
+                value = positional[-1].value
+                self._found(GateCacheBinding(name, display, value, node, self.site()))
+            return
+        # `super().__setattr__("g_cache", x)` as `register_buffer` and `setdefault`
+        keyed = method in {"register_buffer", "setdefault"} or method == "__setattr__"
+        if keyed and len(positional) >= 2:
             key, value = literal_string(positional[0].value), positional[1].value
-        elif (
-            isinstance(node.func, cst.Name)
-            and node.func.value == "setattr"
-            and len(positional) == 3
-        ):
+        elif _is_setattr(node.func) and len(positional) == 3:
             key, value = literal_string(positional[1].value), positional[2].value
         else:
             return
         if key is not None and self.names.matches(key):
             self._found(GateCacheBinding(key, repr(key), value, node, self.site()))
+
+
+_SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+# list methods that add an element, and the index of the element among their arguments
+_ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
+
+
+def _is_setattr(func: cst.BaseExpression) -> bool:
+    """``setattr`` or ``object.__setattr__``."""
+    if isinstance(func, cst.Name):
+        return func.value == "setattr"
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "__setattr__"
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "object"
+    )
+
+
+def _is_property(decorator: cst.BaseExpression) -> bool:
+    """``@property``, ``@functools.cached_property``, ``@cached_property``."""
+    name = decorator.attr.value if isinstance(decorator, cst.Attribute) else None
+    if isinstance(decorator, cst.Name):
+        name = decorator.value
+    return name in {"property", "cached_property"}
