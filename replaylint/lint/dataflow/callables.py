@@ -83,7 +83,7 @@ def _made_by(
         found = prov.lookup(maker.value, site, env)
         if found and len(found) == 1 and found[0][0].kind == "assign":
             binding, binding_site = found[0]
-            shared = not prov.index.read_once(binding)
+            shared = not prov.index.read_once(binding) or _importable(binding.name, binding_site)
             value = binding.value
             if isinstance(value, cst.Lambda):
                 return _lambda(prov, value, call, site, binding_site, env, shared=shared)
@@ -109,20 +109,25 @@ def _function(
 ) -> tuple[TensorFact, ...] | None:
     scope = prov.index.scope(function)
     definition_site = Site(scopes[:-1], function)
-    bound_env = _arguments(prov, function.params, call, site, definition_site, env, skip=bound)
+    # a function sees its parameters, not the caller's loop variables
+    bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
     if bound_env is None:
         return None
-    if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env if name not in env):
+    if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env):
         return None  # a parameter rebound in the body: its argument is not what the body reads
     values = _yields(function)
     if values is None:
         return None
+    # a generator's call makes no tensor: the cast of its result is no fix
+    result = None if values else call
     values = values or [
         (r.value, statement) for r, statement in scope.returns if r.value is not None
     ]
     if not values:
         return None
-    shared = len(prov.index.calls_named(function.name.value)) > 1
+    name = function.name.value
+    # another module may call a public function or method too
+    shared = len(prov.index.calls_named(name)) > 1 or not name.startswith("_")
     parameters = {p.name.value for p in all_params(function.params)}
     facts: list[TensorFact] = []
     for value, statement in values:
@@ -137,7 +142,7 @@ def _function(
                 # the dtype is a parameter of the helper: RL006 checks what each call passes
                 facts.append(TensorFact(Kind.UNKNOWN, fact.node))
                 continue
-            facts.append(_localised(prov, fact, function, call, shared))
+            facts.append(_localised(prov, fact, function, result, shared))
     return tuple(facts) or None
 
 
@@ -151,7 +156,7 @@ def _lambda(
     *,
     shared: bool,
 ) -> tuple[TensorFact, ...] | None:
-    bound_env = _arguments(prov, function.params, call, site, lambda_site, env, skip=False)
+    bound_env = _arguments(prov, function.params, call, site, lambda_site, env, env, skip=False)
     if bound_env is None:
         return None
     facts = prov.tensor_facts(function.body, lambda_site, bound_env)
@@ -207,12 +212,12 @@ def _arguments(
     call_site: Site,
     definition_site: Site,
     env: Env,
+    visible: Env,
     *,
     skip: bool,
 ) -> dict[str, str | Bound] | None:
-    """``env`` with each parameter bound to its argument or default; None when that cannot be
-    read (``*args``, a missing argument, an argument that names a parameter, a shadowed loop
-    variable)."""
+    """``visible`` with each parameter bound to its argument (read with the caller's ``env``)
+    or its default; None when that cannot be read (``*args``, a missing argument)."""
     if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
         return None
     passed: Sequence[cst.Arg] = call.args if call is not None else ()
@@ -224,23 +229,19 @@ def _arguments(
     positional = [arg for arg in passed if arg.keyword is None]
     if len(positional) > len(ordered):
         return None
-    names = {p.name.value for p in (*ordered, *params.kwonly_params)}
-    bound: dict[str, str | Bound] = dict(env)
+    outer = tuple(sorted(env.items()))
+    bound: dict[str, str | Bound] = dict(visible)
     for position, param in enumerate([*ordered, *params.kwonly_params]):
         name = param.name.value
-        if name in env:
-            return None
         argument: cst.Arg | None = None
         if position < len(ordered) and position < len(positional):
             argument = positional[position]
         elif call is not None:
             argument = keyword_arg(call, name)
         if argument is not None:
-            if any(read.value in names for read in read_names(argument.value)):
-                return None
-            bound[name] = Bound(argument.value, call_site)
+            bound[name] = Bound(argument.value, call_site, outer)
         elif param.default is not None:
-            bound[name] = Bound(param.default, definition_site)
+            bound[name] = Bound(param.default, definition_site, ())
         else:
             return None
     return bound
@@ -268,6 +269,11 @@ def _localised(
         cast = CastValue(call) if fresh and call is not None else None
         return replace(local, target=cast)
     return local
+
+
+def _importable(name: str, site: Site) -> bool:
+    """Whether ``name`` is a public module-level name another module may import."""
+    return len(site.scopes) == 1 and not name.startswith("_")
 
 
 def _takes_parameter(fact: TensorFact, parameters: set[str]) -> bool:

@@ -28,7 +28,7 @@ def dict_literal(
         return expr, site
     bound = bound_in(env, expr)
     if bound is not None:  # `spec` in `for name, spec in SPECS.items()`
-        return dict_literal(prov, bound.expr, bound.site, env)
+        return dict_literal(prov, bound.expr, bound.site, bound.env(env))
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site, env)
         if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):

@@ -207,6 +207,13 @@ def _parts(
         return [(element.value, site) for element in joined.elements]
     if isinstance(joined, (cst.ListComp, cst.GeneratorExp)):
         return [(joined.elt, site)]
+    if (
+        isinstance(joined, cst.BinaryOperation)
+        and isinstance(joined.operator, cst.Multiply)
+        and isinstance(joined.left, (cst.List, cst.Tuple))
+        and is_number(prov, joined.right, site, env)
+    ):
+        return _parts(prov, joined.left, site, env)  # `[ring] * layers`
     if isinstance(joined, cst.Name) and bound_in(env, joined) is None:
         found = prov.lookup(joined.value, site, env)
         if found and len(found) == 1 and found[0][0].kind == "assign":

@@ -151,7 +151,7 @@ class Provenance:
     def _dtype_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> tuple[DtypeFact, ...]:
         bound = bound_in(env, expr)
         if bound is not None:  # a loop variable: what it holds in this iteration
-            return self.dtype_facts(bound.expr, bound.site, env)
+            return self.dtype_facts(bound.expr, bound.site, bound.env(env))
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:
@@ -240,7 +240,7 @@ class Provenance:
                 return
             bound = bound_in(env, expr)
             if bound is not None:  # a loop variable: what it holds in this iteration
-                yield from self.tensor_facts(bound.expr, bound.site, env)
+                yield from self.tensor_facts(bound.expr, bound.site, bound.env(env))
                 return
             yield from self._name_facts(expr, site, env)
             return

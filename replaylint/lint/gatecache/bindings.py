@@ -243,18 +243,18 @@ class BindingWalker(Visitor):
                 value = positional[-1].value
                 self._found(GateCacheBinding(name, display, value, node, self.site()))
             return
-        # `super().__setattr__("g_cache", x)` as `register_buffer` and `setdefault`
-        keyed = method in {"register_buffer", "setdefault"} or method == "__setattr__"
-        if keyed and len(positional) >= 2:
-            key, value = literal_string(positional[0].value), positional[1].value
-        elif _is_setattr(node.func) and len(positional) == 3:
+        if _is_setattr(node.func) and len(positional) == 3:
             key, value = literal_string(positional[1].value), positional[2].value
+        elif method in _KEYED and len(positional) >= 2:
+            key, value = literal_string(positional[0].value), positional[1].value
         else:
             return
         if key is not None and self.names.matches(key):
             self._found(GateCacheBinding(key, repr(key), value, node, self.site()))
 
 
+# methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
+_KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
 # list methods that add an element, and the index of the element among their arguments
 _ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}

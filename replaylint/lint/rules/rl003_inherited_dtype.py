@@ -27,6 +27,10 @@ when state pools are allocated. `torch.zeros_like(d_cache)`, `d_cache.new_zeros(
 `x.clone()` take the dtype of the tensor they start from, which for d and k rings is the model
 dtype. The code looks correct in a float32 unit test and is bf16 in production.
 
+The allocation is also found behind `functools.partial(torch.zeros, device=...)` allocators,
+lambdas, helpers the module calls and `field(default_factory=...)`; a call's own `dtype=` wins
+over a partial's.
+
 Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
 allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
 """
@@ -89,6 +93,16 @@ time.
                 # cast explicitly before the copy: float32
                 g_cache = snapshot.float().clone()
                 return g_cache
+            """
+        ),
+        Valid(
+            """
+            import functools
+            import torch
+
+            # the partial's dtype is float32 for every call that does not pass its own
+            zeros = functools.partial(torch.zeros, device="cuda", dtype=torch.float32)
+            g_cache = zeros(4, 16)
             """
         ),
     )
@@ -169,6 +183,43 @@ time.
                 shape,
                 **factory_kwargs, dtype=torch.float32,
             )
+            """,
+        ),
+        Invalid(
+            """
+            import functools
+            import torch
+
+            on_device = functools.partial(torch.empty, device="cuda")
+            d_cache = on_device(4, 16)
+            g_cache = on_device(4, 16)
+            """,
+            expected_fix="""
+            import functools
+            import torch
+
+            on_device = functools.partial(torch.empty, device="cuda")
+            d_cache = on_device(4, 16)
+            g_cache = on_device(4, 16, dtype=torch.float32)
+            """,
+            message_contains="torch's default dtype",
+        ),
+        Invalid(
+            """
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class DecodeState:
+                replayssm_g: torch.Tensor = field(default_factory=lambda: torch.zeros(4, 16))
+            """,
+            expected_fix="""
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class DecodeState:
+                replayssm_g: torch.Tensor = field(default_factory=lambda: torch.zeros(4, 16, dtype=torch.float32))
             """,
         ),
     )
