@@ -135,7 +135,7 @@ def _function(
             if fact.kind in {Kind.EXPLICIT, Kind.VARIABLE} and (
                 _takes_parameter(fact, parameters)
                 or any(
-                    d.parameter is not None or not prov.within(d.node, function)
+                    d.parameter is not None or (call is not None and prov.within(d.node, call))
                     for d in fact.dtypes
                 )
             ):
@@ -189,8 +189,12 @@ def _partial(
         allocation = Allocation(partial, "factory", factories[0], dtype_arg)
         fact = prov.dtype_decided(allocation, ((dtype_arg.value, partial_site),), env)
         if shared and fact.target is not None:
-            # the call's own `dtype=` overrides the partial's, for this call alone
-            fact = replace(fact, target=AddDtypeArgument(call) if call is not None else None)
+            # the call's own `dtype=` overrides the partial's, for this call alone; the finding
+            # is about this call, not the partial the other calls share
+            if call is None:
+                fact = replace(fact, target=None)
+            else:
+                fact = replace(fact, node=call, target=AddDtypeArgument(call))
         return (fact,)
     made = call if call is not None else partial
     return (
@@ -267,7 +271,8 @@ def _localised(
     if inside and shared:
         fresh = fact.allocation is not None and prov.within(fact.allocation.call, root)
         cast = CastValue(call) if fresh and call is not None else None
-        return replace(local, target=cast)
+        # the finding is about this call, not the callable the other calls share
+        return replace(local, node=call if call is not None else local.node, target=cast)
     return local
 
 
