@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.defaults import default_dtype_detail
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
     Allocation,
@@ -37,7 +38,6 @@ from replaylint.lint.syntax.sites import ScopeNode, Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-_DEFAULT_DTYPE = "torch's default dtype (model loaders set it to the model dtype)"
 _SEQUENCE_BUILDERS = frozenset({"list", "tuple"})
 
 
@@ -203,7 +203,7 @@ def _partial(
             made,
             allocation=Allocation(made, "factory", factories[0], None),
             call=made,
-            detail=_DEFAULT_DTYPE,
+            detail=default_dtype_detail(prov, site, env),
             target=AddDtypeArgument(made),
         ),
     )

@@ -31,6 +31,7 @@ from replaylint.lint.dataflow import (
     callables,
     casts,
     containers,
+    defaults,
     loads,
     members,
     operators,
@@ -481,7 +482,7 @@ class Provenance:
                 call,
                 allocation=allocation,
                 call=call,
-                detail="torch's default dtype (model loaders set it to the model dtype)",
+                detail=defaults.default_dtype_detail(self, site, env),
                 target=AddDtypeArgument(call),
             )
             return

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.modules import GUARD, GateBuffer, gate_buffer_classes, module_cast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
-from replaylint.lint.syntax.nodes import method_name
+from replaylint.lint.syntax.nodes import method_name, one_line
+
+_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "double"})
 
 
 class NonFp32Cast(Rule):
@@ -29,6 +35,12 @@ A cast is found wherever its result becomes a gate cache: returned from a `@prop
 passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict or list literal or
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
 `.view(torch.bfloat16)` is a reinterpretation of the buffer's bits, reported as well.
+
+A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
+`model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
+(`self.register_buffer("g_cache", ...)`, in the class or a base class) casts that buffer with
+every other one. The cast is reported where it is made, unless the class is guarded
+(`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from `replaylint.guards`).
 """
     FIX = (
         """\
@@ -42,7 +54,10 @@ dtype variable itself are untouched for every other use. `.type_as(other)` has n
 changes the device type); rewrite it as `.to(other.device, torch.float32)`. `.to(**kw)` whose
 mapping carries a dtype becomes `.to(**{**kw, "dtype": torch.float32})`. `.view(torch.bfloat16)`
 is reported without a fix: it reinterprets the bits of the buffer it aliases, so the values would
-change, not only their precision; allocate the gate cache as float32 instead.
+change, not only their precision; allocate the gate cache as float32 instead. A module cast has no
+fix either (the other buffers and the parameters must follow the model dtype): guard the module
+with `replaylint.guards.keep_fp32_gate_caches`, which keeps its gate caches float32 through casts
+and state-dict loads.
 """
         + FIX_SAFETY
     )
@@ -99,6 +114,29 @@ change, not only their precision; allocate the gate cache as float32 instead.
                 def step(self, delta):
                     # in place: the gate cache keeps its float32 dtype
                     self.g_cache += delta.half()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+            from replaylint.guards import keep_fp32_gate_caches
+
+            class Ring(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+                    self.register_buffer("slot_ids", torch.zeros(shape[0], dtype=torch.long))
+
+            @keep_fp32_gate_caches
+            class GuardedRing(Ring):
+                pass
+
+            def load(shape, device):
+                # a device move, a float32 cast, a guarded class: the gate buffer stays float32
+                ring = Ring(shape).to(device)
+                ring.float()
+                return GuardedRing(shape).to(device, torch.bfloat16)
             """
         ),
         Valid(
@@ -213,6 +251,24 @@ change, not only their precision; allocate the gate cache as float32 instead.
         Invalid(
             """
             import torch
+            from torch import nn
+
+            class MambaPool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def build(shape, device):
+                # the module cast converts the float32 gate buffer: reported where it is cast
+                pool = MambaPool(shape).to(device)
+                pool.to(device, torch.bfloat16)
+                return pool
+            """,
+            message_contains="keep_fp32_gate_caches",
+        ),
+        Invalid(
+            """
+            import torch
 
             def as_wire_format(pool):
                 # reinterprets the float32 bits: reported, no fix
@@ -221,6 +277,32 @@ change, not only their precision; allocate the gate cache as float32 instead.
             message_contains="reinterprets",
         ),
     )
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._buffers: dict[str, GateBuffer] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if method_name(node) not in _MODULE_CAST_METHODS:
+            return
+        if self._buffers is None:
+            self._buffers = gate_buffer_classes(self.provenance)
+        if not self._buffers:
+            return
+        cast = module_cast(self.provenance, node, self.site(), self._buffers)
+        if cast is None:
+            return
+        literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
+        target = literal_names(literals) if literals else "a dtype that is not provably float32"
+        owner = cast.buffer.cls.name.value
+        line = self.context.line_of(cast.buffer.node)
+        self.report(
+            node,
+            f"`{one_line(self.context.module, node)}` casts every floating buffer of `{owner}` to "
+            f"{target}, its gate cache `{cast.buffer.name}` (registered on line {line}) included; "
+            f"{WHY}; keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or "
+            "call it on the module after the cast)",
+        )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
