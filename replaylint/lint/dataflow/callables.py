@@ -38,7 +38,8 @@ from replaylint.lint.syntax.sites import ScopeNode, Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-_SEQUENCE_BUILDERS = frozenset({"list", "tuple"})
+# builtins whose result holds what their one argument yields: `list(rings())`, `next(rings())`
+_SEQUENCE_BUILDERS = frozenset({"list", "tuple", "next", "iter"})
 
 
 def callable_facts(

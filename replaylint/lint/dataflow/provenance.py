@@ -64,6 +64,7 @@ from replaylint.lint.dataflow.torch_api import (
     FLOAT32,
     NON_FLOATING_DTYPES,
     SAFETENSORS_DICT_LOADERS,
+    TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
 from replaylint.lint.syntax.nodes import (
@@ -342,6 +343,9 @@ class Provenance:
                 detail=loads.loader_name(names),
                 target=None if container else CastValue(call),
             )
+            return
+        if names & TORCH_BUFFER_READERS:
+            yield from loads.frombuffer_facts(self, call, site, env)
             return
         if "torch.from_numpy" in names:
             yield from loads.from_numpy_facts(self, call, site, env)

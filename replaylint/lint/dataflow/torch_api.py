@@ -127,6 +127,8 @@ TORCH_LOADERS = frozenset(
     {
         "torch.load",
         "torch.serialization.load",
+        "pickle.load",
+        "pickle.loads",
         "safetensors.torch.load_file",
         "safetensors.torch.load",
     }
@@ -142,6 +144,13 @@ NUMPY_LOADERS = frozenset(
         "numpy.lib.format.open_memmap",
     }
 )
+# numpy functions that make an array from another, keeping its dtype unless ``dtype=`` is given.
+NUMPY_ARRAY_WRAPPERS = frozenset(
+    {"numpy.array", "numpy.asarray", "numpy.ascontiguousarray", "numpy.copy", "numpy.asanyarray"}
+)
+# ``torch.frombuffer(raw, dtype=...)``: the bytes of a buffer (a file read, a socket, shared
+# memory) read as ``dtype``.
+TORCH_BUFFER_READERS = frozenset({"torch.frombuffer"})
 NUMPY_FLOAT32_NAMES = frozenset({"numpy.float32", "numpy.single"})
 NUMPY_FLOAT32_STRINGS = frozenset({"float32", "f4", "<f4"})
 # numpy methods whose result keeps the array's origin (a file read stays a file read).
