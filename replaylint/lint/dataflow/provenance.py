@@ -30,6 +30,7 @@ import libcst as cst
 from replaylint.lint.dataflow import (
     callables,
     casts,
+    collisions,
     containers,
     defaults,
     loads,
@@ -88,6 +89,7 @@ class Provenance:
     index: ModuleIndex
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
+    _mappings: frozenset[str] | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -540,6 +542,12 @@ class Provenance:
             Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+
+    def is_mapping(self, name: str) -> bool:
+        """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""
+        if self._mappings is None:
+            self._mappings = collisions.mapping_names(self.index)
+        return name in self._mappings
 
     def within(self, node: cst.CSTNode, root: cst.CSTNode) -> bool:
         """Whether ``node`` is ``root`` or one of its descendants."""
