@@ -175,6 +175,30 @@ def _fixed(source: str) -> str:
             """,
             [(3, "RL001"), (4, "RL001")],
         ),
+        # an element of a list of rings is replaced; an element of a tensor is copied (cast)
+        (
+            """
+            import torch
+            def f(self, i, x):
+                self.g_caches[i] = x.half()
+                self.g_cache[i] = x.half()
+            """,
+            [(3, "RL004")],
+        ),
+        # a parameter default, and an f-string buffer name outside a loop over names
+        (
+            """
+            import torch
+            class Pool(torch.nn.Module):
+                def __init__(self, layer, g_cache=torch.zeros(4, dtype=torch.half)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(4, dtype=torch.half))
+                    self.register_buffer(f"layer{layer}_d_cache", torch.zeros(4, dtype=torch.half))
+                    for kind in ("d", "g"):
+                        self.register_buffer(f"{kind}_ring", torch.zeros(4, dtype=torch.half))
+            """,
+            [(3, "RL001"), (5, "RL001")],
+        ),
         # super().__setattr__ binds as object.__setattr__ does
         (
             """

@@ -22,6 +22,7 @@ from replaylint.lint.syntax.nodes import (
     method_name,
     one_line,
     positional_args,
+    read_names,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import Visitor
@@ -144,6 +145,16 @@ class BindingWalker(Visitor):
         self._scopes.pop()
         self._statements.pop()
 
+    def _loop_variable_in(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` reads a variable of an enclosing ``for`` loop (or comprehension)."""
+        read = {name.value for name in read_names(node)}
+        for statement in self._statements:
+            if isinstance(statement, cst.For) and read & {
+                name.value for name in read_names(statement.target)
+            }:
+                return True
+        return False
+
     # ----------------------------------------------------------------- binding spellings
     def _bind(
         self,
@@ -162,6 +173,15 @@ class BindingWalker(Visitor):
                     self._bind(sub_target, sub_value, stmt)
             return
         name = binding_name(target)
+        if (
+            name is None
+            and isinstance(target, cst.Subscript)
+            and (ring := binding_name(target.value)) is not None
+            and self.names.is_plural(ring)
+        ):
+            # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches; an element
+            # written into a tensor (`g_cache[slot] = x`) is cast by the copy and is not a binding
+            name = ring
         if (
             name == "data"
             and isinstance(target, cst.Attribute)
@@ -194,6 +214,18 @@ class BindingWalker(Visitor):
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None:
             self._bind(node.target, node.value, node)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        # `def __init__(self, g_cache=torch.zeros(...))`: the default is evaluated where the
+        # function is defined
+        if node.default is None or not self.names.matches(node.name.value):
+            return
+        function = self._scopes[-1]
+        statement = self._statements[-1] if self._statements else None
+        if isinstance(function, cst.FunctionDef) and statement is function:
+            site = Site(tuple(self._scopes[:-1]), function)
+            name = node.name.value
+            self._found(GateCacheBinding(name, name, node.default, function, site))
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         # `self.g_caches += [ring, ...]` adds rings to a list of gate caches; `g_cache += x` on a
@@ -244,13 +276,21 @@ class BindingWalker(Visitor):
                 self._found(GateCacheBinding(name, display, value, node, self.site()))
             return
         if _is_setattr(node.func) and len(positional) == 3:
-            key, value = literal_string(positional[1].value), positional[2].value
+            written, value = positional[1].value, positional[2].value
         elif method in _KEYED and len(positional) >= 2:
-            key, value = literal_string(positional[0].value), positional[1].value
+            written, value = positional[0].value, positional[1].value
         else:
             return
+        key = static_name(written)
+        if isinstance(written, cst.FormattedString) and self._loop_variable_in(written):
+            return  # a name made per iteration of a loop: RL006 evaluates each iteration
         if key is not None and self.names.matches(key):
-            self._found(GateCacheBinding(key, repr(key), value, node, self.site()))
+            display = (
+                repr(key)
+                if isinstance(written, cst.SimpleString)
+                else one_line(self.module, written, 40)
+            )
+            self._found(GateCacheBinding(key, display, value, node, self.site()))
 
 
 # methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
@@ -258,6 +298,17 @@ _KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
 # list methods that add an element, and the index of the element among their arguments
 _ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
+
+
+def static_name(node: cst.BaseExpression) -> str | None:
+    """A string literal's value; for an f-string, its text with ``0`` for each replacement field
+    (``f"layer{i}_g_cache"`` -> ``layer0_g_cache``), which is what a name pattern can match."""
+    if isinstance(node, cst.FormattedString):
+        parts: list[str] = []
+        for part in node.parts:
+            parts.append(part.value if isinstance(part, cst.FormattedStringText) else "0")
+        return "".join(parts)
+    return literal_string(node)
 
 
 def _is_setattr(func: cst.BaseExpression) -> bool:

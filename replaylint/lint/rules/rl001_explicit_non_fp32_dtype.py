@@ -38,7 +38,9 @@ followed into what the module calls: a method or function that returns (or a gen
 yields) the allocation, `functools.partial(torch.zeros, dtype=...)` and lambda allocators, and
 dataclass fields `field(default_factory=...)`. A gate cache is recognised in every binding form:
 `self.g_caches.append(...)`, `self.g_caches += [...]`, `caches.setdefault("g_cache", ...)` and
-`object.__setattr__(self, "g_cache", ...)` included.
+`object.__setattr__(self, "g_cache", ...)`, parameter defaults (`def __init__(self,
+g_cache=torch.zeros(...))`), `self.g_caches[layer] = ...` on a list of rings, and f-string buffer
+names outside a loop over names (`register_buffer(f"layer{i}_g_cache", ...)`) included.
 """
     FIX = (
         """\
@@ -350,6 +352,26 @@ reader of the cache either expects float32 or casts.
             class FrozenPool:
                 def __init__(self, shape):
                     object.__setattr__(self, "g_cache", torch.zeros(shape, dtype=torch.float32))
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class LayerState(nn.Module):
+                def __init__(self, layer, shape, g_cache=torch.zeros(1, dtype=torch.bfloat16)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.half))
+            """,
+            expected_fix="""
+            import torch
+            from torch import nn
+
+            class LayerState(nn.Module):
+                def __init__(self, layer, shape, g_cache=torch.zeros(1, dtype=torch.float32)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.float32))
             """,
         ),
     )
