@@ -9,6 +9,8 @@ caches. Plural names (``g_caches``) are collections of rings by name, and keep b
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from replaylint.lint.dataflow.index import ModuleIndex
@@ -21,8 +23,17 @@ MAPPING_METHODS = frozenset(
 )
 
 
+# `<name>.<method>(` and the string literal it may start with, read from the module's text
+_MAPPING_USE = re.compile(
+    r"\b([A-Za-z_]\w*)\s*\.\s*(" + "|".join(sorted(MAPPING_METHODS)) + r")\s*\(\s*"
+    r"(?:[rbuRBU]?(['\"])(.*?)\3)?"
+)
+
+
 def mapping_names(index: ModuleIndex) -> frozenset[str]:
     """Singular gate-cache names that the module uses as a mapping."""
+    if index.source is not None:
+        return _mapping_names_in_text(index.source, index)
     names = index.gate_caches
     found: set[str] = set()
     for method in sorted(MAPPING_METHODS):
@@ -38,4 +49,17 @@ def mapping_names(index: ModuleIndex) -> frozenset[str]:
             # `caches.get("g_cache")` reads a gate cache out of a dict of rings
             if key is None or not names.matches(key):
                 found.add(name)
+    return frozenset(found)
+
+
+def _mapping_names_in_text(source: str, index: ModuleIndex) -> frozenset[str]:
+    """:func:`mapping_names` from the text (no walk of the tree): ``self.g_cache.get(bs)``."""
+    names = index.gate_caches
+    found: set[str] = set()
+    for match in _MAPPING_USE.finditer(source):
+        name, key = match.group(1), match.group(4)
+        if not names.matches(name) or names.is_plural(name):
+            continue
+        if key is None or not names.matches(key):
+            found.add(name)
     return frozenset(found)

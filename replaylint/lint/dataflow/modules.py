@@ -10,6 +10,7 @@ casts an instance of one of them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -55,8 +56,18 @@ class ModuleCast:
     dtypes: tuple[DtypeFact, ...]
 
 
+# `register_buffer("<name>"` or `register_buffer(f"..."`, read from the module's text
+_REGISTERED = re.compile(r"register_buffer\s*\(\s*[fFrR]?(['\"])(.*?)\1")
+
+
 def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
     """Classes of the module, by name, that hold a floating gate buffer and are not guarded."""
+    source = prov.index.source
+    if source is not None and not any(
+        prov.index.gate_caches.matches(re.sub(r"\{[^}]*\}", "0", match.group(2)))
+        for match in _REGISTERED.finditer(source)
+    ):
+        return {}  # no gate buffer registered by name: no class to walk
     own: dict[str, GateBuffer] = {}
     classes = {cls.name.value: cls for cls in prov.index.classes()}
     for cls in classes.values():
