@@ -48,7 +48,7 @@ class FileContext:
     _provenance: Provenance | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.index = ModuleIndex(self.module, self.gate_caches)
+        self.index = ModuleIndex(self.module, self.gate_caches, self.source)
         self.positions = NodePositions(self.module, self.source)
         self.spelling = Float32Spelling(self.index)
 

@@ -220,6 +220,108 @@ CASES = [
         """,
         fixed=False,
     ),
+    Case(
+        "helper-called-twice",
+        """
+        import torch
+
+        class Pool:
+            def __init__(self):
+                self.d_cache = self._ring()
+                self.g_cache = self._ring()
+
+            def _ring(self):
+                return -torch.rand(4, dtype=torch.bfloat16) * 0.1
+
+        def build():
+            pool = Pool()
+            return {"d_cache": pool.d_cache, "g_cache": pool.g_cache}
+        """,
+        fixed=True,
+    ),
+    Case(
+        "helper-keeps-its-result",
+        """
+        import torch
+
+        def build():
+            kept = []
+
+            def _ring():
+                ring = torch.zeros(4, dtype=torch.bfloat16)
+                kept.append(ring)
+                return ring
+
+            g_cache = _ring()
+            return {"g_cache": g_cache, "kept": kept[0]}
+        """,
+        fixed=False,
+    ),
+    Case(
+        "shared-partial",
+        """
+        import functools
+        import torch
+
+        alloc = functools.partial(torch.zeros, dtype=torch.bfloat16)
+
+        def build():
+            return {"d_cache": alloc(4), "g_cache": alloc(4), "k_cache": alloc(2)}
+        """,
+        fixed=True,
+    ),
+    Case(
+        "public-lambda",
+        """
+        import torch
+
+        ring = lambda n, dtype=torch.float16: torch.zeros(n, dtype=dtype)
+
+        def build():
+            return {"d_cache": ring(4), "g_cache": ring(4)}
+        """,
+        fixed=True,
+    ),
+    Case(
+        "public-generator",
+        """
+        import torch
+
+        def rings(n):
+            for _ in range(2):
+                yield torch.ones(n, dtype=torch.bfloat16)
+
+        def build():
+            d_caches = list(rings(3))
+            return {"g_caches": list(rings(3))[0], "d_caches": d_caches[1]}
+        """,
+        fixed=False,
+    ),
+    Case(
+        "promoted-join",
+        """
+        import torch
+
+        def build():
+            padding = torch.zeros(2, dtype=torch.bfloat16)
+            g_cache = torch.cat([torch.zeros(4, dtype=torch.float32), padding])
+            return {"g_cache": g_cache, "padding": padding}
+        """,
+        fixed=False,
+        reported=False,
+    ),
+    Case(
+        "reinterpreted-view",
+        """
+        import torch
+
+        def build():
+            wire = torch.zeros(4, dtype=torch.float32)
+            g_cache = wire.view(torch.bfloat16)
+            return {"g_cache": g_cache, "wire": wire}
+        """,
+        fixed=False,
+    ),
 ]
 
 

@@ -19,12 +19,14 @@ from replaylint.lint.dataflow.facts import (
     Float32Target,
     FloatTensorType,
     Kind,
+    OverrideKwargsDtype,
     SetDtype,
     TensorFact,
     all_not_floating,
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.dataflow.torch_api import (
     DEVICE_ANNOTATIONS,
@@ -67,6 +69,15 @@ def to_facts(
         elif role == "unknown":
             yield TensorFact(Kind.UNKNOWN, call)
             return
+    spreads = [arg.value for arg in call.args if arg.star == "**"]
+    if dtype_expr is None and spreads:
+        passed = spreads_dtype(prov, spreads, site, env)
+        if passed is UNKNOWN:
+            yield TensorFact(Kind.UNKNOWN, call)
+            return
+        if isinstance(passed, DtypeEntries):
+            yield from _spread_cast(prov, call, spreads, passed, env)
+            return
     if dtype_expr is not None:
         detail = f"`.to({one_line(prov.index.module, dtype_expr)})`"
         facts = prov.dtype_facts(dtype_expr, site, env)
@@ -93,6 +104,65 @@ def to_facts(
         return
     # Only a device (or nothing that changes the dtype): the receiver's dtype.
     yield from prov.tensor_facts(receiver, site, env)
+
+
+def _spread_cast(
+    prov: Provenance,
+    call: cst.Call,
+    spreads: list[cst.BaseExpression],
+    passed: DtypeEntries,
+    env: Env,
+) -> Iterator[TensorFact]:
+    """``x.to(**kw)`` where ``kw`` surely carries a ``dtype``."""
+    facts = tuple(f for expr, where in passed.values for f in prov.dtype_facts(expr, where, env))
+    if all(f.is_float32 for f in facts):
+        yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+    elif all_not_floating(facts):
+        yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
+    else:
+        mapping = spreads[-1]
+        yield TensorFact(
+            Kind.CAST,
+            mapping,
+            call=call,
+            dtypes=facts,
+            detail=f"`.to(**{one_line(prov.index.module, mapping)})`",
+            # `{**kw, "dtype": torch.float32}` keeps every other entry; with two spreads the
+            # other one may carry a dtype too
+            target=OverrideKwargsDtype(mapping) if len(spreads) == 1 else None,
+        )
+
+
+def view_facts(
+    prov: Provenance, call: cst.Call, receiver: cst.BaseExpression, site: Site, env: Env
+) -> Iterator[TensorFact]:
+    """``x.view(shape)`` keeps the dtype; ``x.view(dtype)`` reinterprets the bits as ``dtype``.
+
+    A reinterpretation has no fix: the view aliases ``x``'s storage, and reading float32 out of
+    a bf16 buffer would give other values, not the same ones in another precision.
+    """
+    args = positional_args(call)
+    dtype_arg = keyword_arg(call, "dtype")
+    dtype_expr = dtype_arg.value if dtype_arg is not None else None
+    if dtype_expr is None and len(args) == 1 and literal_dtype(prov.index, args[0].value):
+        dtype_expr = args[0].value
+    if dtype_expr is None:
+        yield from prov.tensor_facts(receiver, site, env)
+        return
+    facts = prov.dtype_facts(dtype_expr, site, env)
+    if all(f.is_float32 for f in facts):
+        yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+    elif all_not_floating(facts):
+        yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
+    else:
+        text = one_line(prov.index.module, dtype_expr)
+        yield TensorFact(
+            Kind.CAST,
+            dtype_expr,
+            call=call,
+            dtypes=facts,
+            detail=f"`.view({text})`, which reinterprets the buffer's bits as {text}",
+        )
 
 
 def type_facts(prov: Provenance, call: cst.Call, site: Site, env: Env) -> Iterator[TensorFact]:

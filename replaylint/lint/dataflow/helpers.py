@@ -7,11 +7,15 @@ see which parameter reaches the allocation it returns.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
 from replaylint.lint.dataflow.index import ModuleIndex
-from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.syntax.sites import ScopeNode, Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
 
 CalledFunction = tuple[cst.FunctionDef, tuple[ScopeNode, ...], bool]
 """The definition, the scopes its body is evaluated in, and whether it is bound (a method

@@ -19,9 +19,13 @@ from replaylint.lint.syntax.sites import ScopeNode
 class ModuleIndex:
     """Name resolution and local bindings of one module, built lazily."""
 
-    def __init__(self, module: cst.Module, gate_caches: GateCacheNames) -> None:
+    def __init__(
+        self, module: cst.Module, gate_caches: GateCacheNames, source: str | None = None
+    ) -> None:
         self.module = module
         self.gate_caches = gate_caches
+        self.source = source
+        """The module's text, when known: cheap textual questions before a walk of the tree."""
         self._imports: ImportTable | None = None
         self._scopes: dict[int, Scope] = {}
         self._reads: dict[tuple[int, str], int] = {}

@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.allocations import literal_dtype, method_receiver
-from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
+from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact, all_not_floating
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.dataflow.torch_api import (
     CHECKPOINT_SUFFIXES,
     FLOAT32,
+    NUMPY_ARRAY_WRAPPERS,
     NUMPY_FLOAT32_NAMES,
     NUMPY_FLOAT32_STRINGS,
     NUMPY_LOADERS,
     NUMPY_ORIGIN_PRESERVING_METHODS,
+    TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
 from replaylint.lint.syntax.nodes import (
@@ -60,11 +62,45 @@ def from_numpy_facts(
         yield TensorFact(Kind.UNKNOWN, call)
 
 
+def frombuffer_facts(
+    prov: Provenance, call: cst.Call, site: Site, env: Env
+) -> Iterator[TensorFact]:
+    """``torch.frombuffer(raw, dtype=...)``: raw bytes read as ``dtype``, which a fix must not
+    change (the same bytes read as float32 are other numbers): cast the result instead."""
+    dtype_arg = keyword_arg(call, "dtype")
+    facts = prov.dtype_facts(dtype_arg.value, site, env) if dtype_arg is not None else ()
+    if facts and all(f.is_float32 for f in facts):
+        yield TensorFact(Kind.FLOAT32, call, dtypes=facts)
+        return
+    if facts and all_not_floating(facts):
+        yield TensorFact(Kind.NOT_FLOATING, call, dtypes=facts)
+        return
+    read_as = (
+        f"`{one_line(prov.index.module, dtype_arg.value)}`"
+        if dtype_arg is not None
+        else "torch's default dtype"
+    )
+    yield TensorFact(
+        Kind.LOADED,
+        call,
+        call=call,
+        dtypes=facts,
+        detail=f"`torch.frombuffer(...)`, raw bytes read as {read_as}",
+        target=CastValue(call),
+    )
+
+
 def _numpy_origin(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> str | None:
     if isinstance(expr, cst.Subscript):
         return _numpy_origin(prov, expr.value, site, env)
     if isinstance(expr, cst.Call):
         names = prov.index.qualified_names(expr.func)
+        if names & NUMPY_ARRAY_WRAPPERS:
+            dtype = keyword_arg(expr, "dtype")
+            if dtype is not None:
+                return "float32" if _numpy_float32(prov, dtype.value) else None
+            args = positional_args(expr)
+            return _numpy_origin(prov, args[0].value, site, env) if args else None
         if names & NUMPY_LOADERS:
             dtype = keyword_arg(expr, "dtype")
             if dtype is not None and _numpy_float32(prov, dtype.value):
@@ -107,7 +143,7 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
     """Whether ``expr`` is (part of) a checkpoint read from disk."""
     if isinstance(expr, cst.Call):
         names = prov.index.qualified_names(expr.func)
-        if names & (TORCH_LOADERS | NUMPY_LOADERS):
+        if names & (TORCH_LOADERS | NUMPY_LOADERS | TORCH_BUFFER_READERS):
             return True
         method = method_name(expr)
         receiver = method_receiver(prov.index, expr)

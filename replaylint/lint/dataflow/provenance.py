@@ -27,7 +27,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from replaylint.lint.dataflow import casts, loads, members, strings
+from replaylint.lint.dataflow import (
+    callables,
+    casts,
+    collisions,
+    containers,
+    defaults,
+    loads,
+    members,
+    operators,
+    strings,
+)
 from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, method_receiver
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
@@ -55,11 +65,11 @@ from replaylint.lint.dataflow.torch_api import (
     FLOAT32,
     NON_FLOATING_DTYPES,
     SAFETENSORS_DICT_LOADERS,
+    TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
 from replaylint.lint.syntax.nodes import (
     keyword_arg,
-    literal_string,
     method_name,
     one_line,
     positional_args,
@@ -78,6 +88,8 @@ class Provenance:
 
     index: ModuleIndex
     _depth: int = field(default=0)
+    _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
+    _mappings: frozenset[str] | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -143,7 +155,7 @@ class Provenance:
     def _dtype_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> tuple[DtypeFact, ...]:
         bound = bound_in(env, expr)
         if bound is not None:  # a loop variable: what it holds in this iteration
-            return self.dtype_facts(bound.expr, bound.site, env)
+            return self.dtype_facts(bound.expr, bound.site, bound.env(env))
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:
@@ -192,73 +204,15 @@ class Provenance:
             default = members.default_dtype(self, env)
             return default if default is not None else (DtypeFact(None, expr),)
         if isinstance(expr, cst.Subscript):
-            mapping, mapping_site = self._dict_literal(expr.value, site, env)
+            mapping, mapping_site = containers.dict_literal(self, expr.value, site, env)
             if mapping is not None:
-                entry = self._dict_entry(mapping, expr, site, env)
+                entry = containers.dict_entry(self, mapping, expr, site, env)
                 if entry is not None:
                     return self.dtype_facts(entry, mapping_site, env)
-            element = self._sequence_entry(expr, site, env)
+            element = containers.sequence_entry(self, expr, site, env)
             if element is not None:
                 return self.dtype_facts(element[0], element[1], env)
         return (DtypeFact(None, expr),)
-
-    def _dict_literal(
-        self, expr: cst.BaseExpression, site: Site, env: Env
-    ) -> tuple[cst.Dict | None, Site]:
-        """A dict literal, directly or through a local or module constant bound once."""
-        if isinstance(expr, cst.Dict):
-            return expr, site
-        bound = bound_in(env, expr)
-        if bound is not None:  # `spec` in `for name, spec in SPECS.items()`
-            return self._dict_literal(bound.expr, bound.site, env)
-        if isinstance(expr, cst.Name):
-            found = self.lookup(expr.value, site, env)
-            if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):
-                return found[0][0].value, found[0][1]
-        return None, site
-
-    def _dict_entry(
-        self, mapping: cst.Dict, subscript: cst.Subscript, site: Site, env: Env
-    ) -> cst.BaseExpression | None:
-        """``{"g_cache": torch.float32, ...}[name]`` with ``name`` known from ``env``."""
-        if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
-            return None
-        key = strings.string_value(self, subscript.slice[0].slice.value, site, env)
-        if key is None:
-            return None
-        for element in mapping.elements:
-            if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
-                return element.value
-        return None
-
-    def _sequence_entry(
-        self, subscript: cst.Subscript, site: Site, env: Env
-    ) -> tuple[cst.BaseExpression, Site] | None:
-        """``DTYPES[i]`` for a literal tuple or list and an index known in this iteration."""
-        if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
-            return None
-        index = subscript.slice[0].slice.value
-        bound = bound_in(env, index)
-        if bound is not None:
-            index = bound.expr
-        if not isinstance(index, cst.Integer):
-            return None
-        sequence, where = subscript.value, site
-        bound = bound_in(env, sequence)
-        if bound is not None:
-            sequence, where = bound.expr, bound.site
-        elif isinstance(sequence, cst.Name):
-            found = self.lookup(sequence.value, site, env)
-            if not found or len(found) != 1 or found[0][0].value is None:
-                return None
-            sequence, where = found[0][0].value, found[0][1]
-        if not isinstance(sequence, (cst.Tuple, cst.List)):
-            return None
-        elements = sequence.elements
-        position = int(index.value, 0)
-        if any(isinstance(e, cst.StarredElement) for e in elements) or position >= len(elements):
-            return None
-        return elements[position].value, where
 
     def tensor_facts(
         self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
@@ -290,7 +244,7 @@ class Provenance:
                 return
             bound = bound_in(env, expr)
             if bound is not None:  # a loop variable: what it holds in this iteration
-                yield from self.tensor_facts(bound.expr, bound.site, env)
+                yield from self.tensor_facts(bound.expr, bound.site, bound.env(env))
                 return
             yield from self._name_facts(expr, site, env)
             return
@@ -307,6 +261,9 @@ class Provenance:
             return
         if isinstance(expr, cst.Call):
             yield from self._call_facts(expr, site, env)
+            return
+        if isinstance(expr, (cst.UnaryOperation, cst.BinaryOperation)):
+            yield from operators.operator_facts(self, expr, site, env)
             return
         # Per-layer rings: `g_caches = [torch.zeros(...) for _ in range(layers)]`.
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
@@ -389,6 +346,9 @@ class Provenance:
                 target=None if container else CastValue(call),
             )
             return
+        if names & TORCH_BUFFER_READERS:
+            yield from loads.frombuffer_facts(self, call, site, env)
+            return
         if "torch.from_numpy" in names:
             yield from loads.from_numpy_facts(self, call, site, env)
             return
@@ -405,8 +365,14 @@ class Provenance:
         if allocation is not None:
             yield from self._allocation_facts(allocation, site, env)
             return
-        method = method_name(call)
         receiver = method_receiver(self.index, call)
+        computed = operators.call_facts(self, call, names, receiver, site, env)
+        if computed is None:
+            computed = callables.callable_facts(self, call, site, env)
+        if computed is not None:
+            yield from computed
+            return
+        method = method_name(call)
         if method is None or receiver is None:
             yield TensorFact(Kind.UNKNOWN, call)
             return
@@ -429,6 +395,9 @@ class Provenance:
             return
         if method == "to":
             yield from casts.to_facts(self, call, receiver, site, env)
+            return
+        if method == "view":
+            yield from casts.view_facts(self, call, receiver, site, env)
             return
         if method == "type":
             yield from casts.type_facts(self, call, site, env)
@@ -486,14 +455,14 @@ class Provenance:
         call = allocation.call
         dtype_arg = allocation.dtype_arg
         if dtype_arg is not None:
-            yield self._dtype_decided(allocation, ((dtype_arg.value, site),), env)
+            yield self.dtype_decided(allocation, ((dtype_arg.value, site),), env)
             return
         spreads = [arg.value for arg in call.args if arg.star == "**"]
         if spreads:
             passed = spreads_dtype(self, spreads, site, env)
             mapping = spreads[-1]
             if isinstance(passed, DtypeEntries):
-                yield self._dtype_decided(
+                yield self.dtype_decided(
                     allocation,
                     passed.values,
                     env,
@@ -519,7 +488,7 @@ class Provenance:
                 call,
                 allocation=allocation,
                 call=call,
-                detail="torch's default dtype (model loaders set it to the model dtype)",
+                detail=defaults.default_dtype_detail(self, site, env),
                 target=AddDtypeArgument(call),
             )
             return
@@ -547,7 +516,7 @@ class Provenance:
             target=AddDtypeArgument(call),
         )
 
-    def _dtype_decided(
+    def dtype_decided(
         self,
         allocation: Allocation,
         candidates: Sequence[tuple[cst.BaseExpression, Site]],
@@ -573,6 +542,25 @@ class Provenance:
             Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+
+    def is_mapping(self, name: str) -> bool:
+        """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""
+        if self._mappings is None:
+            self._mappings = collisions.mapping_names(self.index)
+        return name in self._mappings
+
+    def within(self, node: cst.CSTNode, root: cst.CSTNode) -> bool:
+        """Whether ``node`` is ``root`` or one of its descendants."""
+        inside = self._descendants.get(id(root))
+        if inside is None:
+            found: set[int] = set()
+            stack: list[cst.CSTNode] = [root]
+            while stack:
+                current = stack.pop()
+                found.add(id(current))
+                stack.extend(current.children)
+            inside = self._descendants[id(root)] = frozenset(found)
+        return id(node) in inside
 
     def all_float32(self, facts: Sequence[TensorFact]) -> bool:
         return bool(facts) and all(f.kind is Kind.FLOAT32 for f in facts)

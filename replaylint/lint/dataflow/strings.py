@@ -28,6 +28,13 @@ class Bound:
 
     expr: cst.BaseExpression
     site: Site
+    outer: tuple[tuple[str, str | Bound], ...] | None = None
+    """The loop variables where ``expr`` is read, when they differ from the ones of the code
+    that reads the variable (an argument bound to a parameter of the function it calls)."""
+
+    def env(self, current: Env) -> Env:
+        """The loop variables ``expr`` is evaluated with."""
+        return current if self.outer is None else dict(self.outer)
 
 
 Env = Mapping[str, "str | Bound"]
@@ -61,7 +68,7 @@ def string_value(
             if not prov.enter():
                 return None
             try:
-                return string_value(prov, value.expr, value.site, env)
+                return string_value(prov, value.expr, value.site, value.env(env))
             finally:
                 prov.leave()
         # Looked up without ``env``: pruning branches by conditions would evaluate more

@@ -127,6 +127,8 @@ TORCH_LOADERS = frozenset(
     {
         "torch.load",
         "torch.serialization.load",
+        "pickle.load",
+        "pickle.loads",
         "safetensors.torch.load_file",
         "safetensors.torch.load",
     }
@@ -142,6 +144,13 @@ NUMPY_LOADERS = frozenset(
         "numpy.lib.format.open_memmap",
     }
 )
+# numpy functions that make an array from another, keeping its dtype unless ``dtype=`` is given.
+NUMPY_ARRAY_WRAPPERS = frozenset(
+    {"numpy.array", "numpy.asarray", "numpy.ascontiguousarray", "numpy.copy", "numpy.asanyarray"}
+)
+# ``torch.frombuffer(raw, dtype=...)``: the bytes of a buffer (a file read, a socket, shared
+# memory) read as ``dtype``.
+TORCH_BUFFER_READERS = frozenset({"torch.frombuffer"})
 NUMPY_FLOAT32_NAMES = frozenset({"numpy.float32", "numpy.single"})
 NUMPY_FLOAT32_STRINGS = frozenset({"float32", "f4", "<f4"})
 # numpy methods whose result keeps the array's origin (a file read stays a file read).
@@ -167,3 +176,55 @@ FLOAT32_TENSOR_TYPE = "FloatTensor"
 TENSOR_ANNOTATIONS = frozenset({"torch.Tensor", "Tensor", "torch.nn.Parameter", "nn.Parameter"})
 DEVICE_ANNOTATIONS = frozenset({"torch.device", "device", "str", "int"})
 DTYPE_ANNOTATIONS = frozenset({"torch.dtype", "dtype"})
+
+# Elementwise torch functions whose result has their first argument's dtype (``dtype=``, where a
+# function takes one, casts instead).
+TORCH_ELEMENTWISE_FUNCTIONS = frozenset(
+    f"torch.{name}"
+    for name in (
+        "exp", "log", "log1p", "expm1", "neg", "negative", "abs", "sqrt", "rsqrt", "sigmoid",
+        "tanh", "clamp", "clip", "clamp_min", "clamp_max", "cumsum", "cumprod", "logcumsumexp",
+        "flip", "roll", "narrow", "squeeze", "unsqueeze", "reshape", "flatten", "transpose",
+        "permute", "movedim", "softmax", "log_softmax", "nan_to_num", "contiguous",
+        "nn.functional.logsigmoid", "nn.functional.softplus", "nn.functional.silu",
+        "nn.functional.relu", "nn.functional.sigmoid", "nn.functional.elu",
+        "nn.functional.pad", "nn.functional.softmax", "nn.functional.log_softmax",
+        "nn.functional.normalize",
+    )
+)  # fmt: skip
+# Elementwise tensor methods of the same kind (``g.exp()``, ``g.cumsum(-1)``).
+ELEMENTWISE_METHODS = frozenset(
+    {
+        "exp", "log", "log1p", "expm1", "neg", "negative", "abs", "sqrt", "rsqrt", "sigmoid",
+        "tanh", "clamp", "clip", "clamp_min", "clamp_max", "cumsum", "cumprod", "softmax",
+        "log_softmax", "nan_to_num", "exp_", "log_", "neg_", "abs_", "sigmoid_", "clamp_",
+        "clamp_min_", "clamp_max_", "mul_", "add_", "sub_", "div_", "masked_scatter_",
+    }
+)  # fmt: skip
+# torch functions and tensor methods that combine tensors elementwise: the result has the
+# promoted dtype of the tensor operands (Python numbers do not change a floating dtype).
+TORCH_BINARY_FUNCTIONS: dict[str, tuple[int, ...]] = {
+    **{
+        f"torch.{name}": (0, 1)
+        for name in (
+            "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
+            "maximum", "minimum", "fmax", "fmin", "pow", "logaddexp", "lerp",
+        )
+    },
+    "torch.where": (1, 2),
+}  # fmt: skip
+BINARY_METHODS = frozenset(
+    {"add", "sub", "subtract", "mul", "multiply", "div", "divide", "maximum", "minimum", "pow"}
+)
+# torch functions that join a sequence of tensors into one, with the promoted dtype of the parts.
+TORCH_CONCATENATIONS = frozenset(
+    f"torch.{name}"
+    for name in (
+        "cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "row_stack",
+        "column_stack",
+    )
+)  # fmt: skip
+# Floating dtypes by promotion rank: two different ones of the lower ranks meet at float32.
+FLOATING_RANK = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}
+# ``functools.partial``: a callable with some arguments fixed (``partial(torch.zeros, dtype=t)``).
+PARTIALS = frozenset({"functools.partial"})

@@ -22,6 +22,7 @@ from replaylint.lint.syntax.nodes import (
     method_name,
     one_line,
     positional_args,
+    read_names,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import Visitor
@@ -144,6 +145,16 @@ class BindingWalker(Visitor):
         self._scopes.pop()
         self._statements.pop()
 
+    def _loop_variable_in(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` reads a variable of an enclosing ``for`` loop (or comprehension)."""
+        read = {name.value for name in read_names(node)}
+        for statement in self._statements:
+            if isinstance(statement, cst.For) and read & {
+                name.value for name in read_names(statement.target)
+            }:
+                return True
+        return False
+
     # ----------------------------------------------------------------- binding spellings
     def _bind(
         self,
@@ -162,6 +173,22 @@ class BindingWalker(Visitor):
                     self._bind(sub_target, sub_value, stmt)
             return
         name = binding_name(target)
+        if (
+            name is None
+            and isinstance(target, cst.Subscript)
+            and (ring := binding_name(target.value)) is not None
+            and self.names.is_plural(ring)
+        ):
+            # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches; an element
+            # written into a tensor (`g_cache[slot] = x`) is cast by the copy and is not a binding
+            name = ring
+        if (
+            name == "data"
+            and isinstance(target, cst.Attribute)
+            and (inner := binding_name(target.value)) is not None
+            and self.names.matches(inner)
+        ):
+            name = inner  # `self.g_cache.data = x` replaces the cache's contents and dtype
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
@@ -188,6 +215,36 @@ class BindingWalker(Visitor):
         if node.value is not None:
             self._bind(node.target, node.value, node)
 
+    def visit_Param(self, node: cst.Param) -> None:
+        # `def __init__(self, g_cache=torch.zeros(...))`: the default is evaluated where the
+        # function is defined
+        if node.default is None or not self.names.matches(node.name.value):
+            return
+        function = self._scopes[-1]
+        statement = self._statements[-1] if self._statements else None
+        if isinstance(function, cst.FunctionDef) and statement is function:
+            site = Site(tuple(self._scopes[:-1]), function)
+            name = node.name.value
+            self._found(GateCacheBinding(name, name, node.default, function, site))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        # `self.g_caches += [ring, ...]` adds rings to a list of gate caches; `g_cache += x` on a
+        # tensor is in place and keeps its dtype
+        if isinstance(node.operator, cst.AddAssign) and isinstance(node.value, _SEQUENCES):
+            self._bind(node.target, node.value, node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        # `@property def g_cache(self): return self._ring.half()`
+        function = self._scopes[-1]
+        if (
+            node.value is not None
+            and isinstance(function, cst.FunctionDef)
+            and self.names.matches(function.name.value)
+            and any(_is_property(d.decorator) for d in function.decorators)
+        ):
+            name = function.name.value
+            self._found(GateCacheBinding(name, name, node.value, node, self.site()))
+
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind(node.target, node.value, node, self._walrus_shared.pop(id(node), ()))
 
@@ -209,15 +266,66 @@ class BindingWalker(Visitor):
                 )
         method = method_name(node)
         positional = positional_args(node)
-        if method == "register_buffer" and len(positional) >= 2:
-            key, value = literal_string(positional[0].value), positional[1].value
-        elif (
-            isinstance(node.func, cst.Name)
-            and node.func.value == "setattr"
-            and len(positional) == 3
-        ):
-            key, value = literal_string(positional[1].value), positional[2].value
+        if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
+            # `self.g_caches.append(ring)`: the element becomes a gate cache
+            assert isinstance(node.func, cst.Attribute)
+            name = binding_name(node.func.value)
+            if name is not None and self.names.matches(name):
+                display = self.module.code_for_node(node.func.value).strip()
+                value = positional[-1].value
+                self._found(GateCacheBinding(name, display, value, node, self.site()))
+            return
+        if _is_setattr(node.func) and len(positional) == 3:
+            written, value = positional[1].value, positional[2].value
+        elif method in _KEYED and len(positional) >= 2:
+            written, value = positional[0].value, positional[1].value
         else:
             return
+        key = static_name(written)
+        if isinstance(written, cst.FormattedString) and self._loop_variable_in(written):
+            return  # a name made per iteration of a loop: RL006 evaluates each iteration
         if key is not None and self.names.matches(key):
-            self._found(GateCacheBinding(key, repr(key), value, node, self.site()))
+            display = (
+                repr(key)
+                if isinstance(written, cst.SimpleString)
+                else one_line(self.module, written, 40)
+            )
+            self._found(GateCacheBinding(key, display, value, node, self.site()))
+
+
+# methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
+_KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
+_SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+# list methods that add an element, and the index of the element among their arguments
+_ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
+
+
+def static_name(node: cst.BaseExpression) -> str | None:
+    """A string literal's value; for an f-string, its text with ``0`` for each replacement field
+    (``f"layer{i}_g_cache"`` -> ``layer0_g_cache``), which is what a name pattern can match."""
+    if isinstance(node, cst.FormattedString):
+        parts: list[str] = []
+        for part in node.parts:
+            parts.append(part.value if isinstance(part, cst.FormattedStringText) else "0")
+        return "".join(parts)
+    return literal_string(node)
+
+
+def _is_setattr(func: cst.BaseExpression) -> bool:
+    """``setattr`` or ``object.__setattr__``."""
+    if isinstance(func, cst.Name):
+        return func.value == "setattr"
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "__setattr__"
+        and isinstance(func.value, cst.Name)
+        and func.value.value == "object"
+    )
+
+
+def _is_property(decorator: cst.BaseExpression) -> bool:
+    """``@property``, ``@functools.cached_property``, ``@cached_property``."""
+    name = decorator.attr.value if isinstance(decorator, cst.Attribute) else None
+    if isinstance(decorator, cst.Name):
+        name = decorator.value
+    return name in {"property", "cached_property"}

@@ -126,7 +126,10 @@ class Rule(Visitor):
         return self.context.provenance
 
     def facts(self, binding: GateCacheBinding) -> tuple[TensorFact, ...]:
-        """How the value bound to the gate cache got its dtype, one fact per way."""
+        """How the value bound to the gate cache got its dtype, one fact per way; none when the
+        module uses the name as a mapping (a compiled-graph cache named like a gate cache)."""
+        if self.provenance.is_mapping(binding.name):
+            return ()
         return self.provenance.tensor_facts(binding.value, binding.site)
 
     def subject(self, binding: GateCacheBinding) -> str:

@@ -29,6 +29,18 @@ spelling is understood: `torch.half` is float16, `torch.double` float64, `torch.
 The dtype is followed through local bindings in the function: `ring_dtype = torch.bfloat16` and
 then `dtype=ring_dtype` is an explicit bf16 allocation, reported here (a non-literal dtype is
 RL002's, so an allocation never gets both codes); a conditional with a bf16 branch is reported.
+
+The allocation is found behind the expressions that keep its dtype: arithmetic with Python numbers
+(`-torch.rand(...) * 0.1`), elementwise functions (`F.logsigmoid`, `torch.exp`, `.cumsum(-1)`),
+and joins (`torch.stack`, `torch.cat`) whose parts are all non-float32 (a float32 part promotes a
+join or a product to float32, so `torch.cat([self.g_cache, bf16_padding])` is fine). It is
+followed into what the module calls: a method or function that returns (or a generator that
+yields) the allocation, `functools.partial(torch.zeros, dtype=...)` and lambda allocators, and
+dataclass fields `field(default_factory=...)`. A gate cache is recognised in every binding form:
+`self.g_caches.append(...)`, `self.g_caches += [...]`, `caches.setdefault("g_cache", ...)` and
+`object.__setattr__(self, "g_cache", ...)`, parameter defaults (`def __init__(self,
+g_cache=torch.zeros(...))`), `self.g_caches[layer] = ...` on a list of rings, and f-string buffer
+names outside a loop over names (`register_buffer(f"layer{i}_g_cache", ...)`) included.
 """
     FIX = (
         """\
@@ -95,6 +107,36 @@ reader of the cache either expects float32 or casts.
             # integer and bool tensors are indices and masks, not log-decay rings
             gate_cache = torch.zeros(tokens, top_k, dtype=torch.long)
             expert_gate_cache = torch.zeros(tokens, dtype=torch.bool)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def grow(self, extra):
+                # a float32 part promotes the join: cat of the ring with bf16 padding is float32
+                padding = torch.zeros(extra, dtype=torch.bfloat16)
+                self.g_cache = torch.cat([self.g_cache, padding])
+                self.replayssm_g = torch.where(self.mask, self.g_cache, 0.0)
+            """
+        ),
+        Valid(
+            """
+            import functools
+            import torch
+
+            alloc = functools.partial(torch.zeros, dtype=torch.float32)
+
+            class Pool:
+                def __init__(self, shape):
+                    # the call's own dtype is the d ring's alone; the gate ring keeps float32
+                    self.d_cache = alloc(shape, dtype=torch.bfloat16)
+                    self.g_cache = -alloc(shape) * 0.5
+                    self.g_caches = list(self._rings(shape))
+
+                def _rings(self, shape):
+                    for _ in range(2):
+                        yield torch.empty(shape, dtype=torch.float32)
             """
         ),
     )
@@ -180,11 +222,163 @@ reader of the cache either expects float32 or casts.
             """,
             message_contains="(through `ring_dtype`, line 5)",
         ),
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def init_gates(shape):
+                # arithmetic and elementwise functions keep the allocation's dtype
+                g_cache = F.logsigmoid(-torch.rand(shape, dtype=torch.bfloat16) * 0.1)
+                return g_cache
+            """,
+            expected_fix="""
+            import torch
+            import torch.nn.functional as F
+
+            def init_gates(shape):
+                # arithmetic and elementwise functions keep the allocation's dtype
+                g_cache = F.logsigmoid(-torch.rand(shape, dtype=torch.float32) * 0.1)
+                return g_cache
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                def __init__(self, layers, shape):
+                    self.g_caches = []
+                    for _ in range(layers):
+                        self.g_caches.append(torch.zeros(shape, dtype=torch.float16))
+                    self.g_caches += [torch.stack([torch.zeros(shape, dtype=torch.float16)] * 2)]
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                def __init__(self, layers, shape):
+                    self.g_caches = []
+                    for _ in range(layers):
+                        self.g_caches.append(torch.zeros(shape, dtype=torch.float32))
+                    self.g_caches += [torch.stack([torch.zeros(shape, dtype=torch.float32)] * 2)]
+            """,
+        ),
+        Invalid(
+            """
+            import functools
+            import torch
+
+            alloc = functools.partial(torch.empty, dtype=torch.bfloat16)
+
+            class Pool:
+                def __init__(self, shape):
+                    # the partial is shared: the gate-cache call overrides its dtype
+                    self.d_cache = alloc(shape)
+                    self.g_cache = alloc(shape)
+            """,
+            expected_fix="""
+            import functools
+            import torch
+
+            alloc = functools.partial(torch.empty, dtype=torch.bfloat16)
+
+            class Pool:
+                def __init__(self, shape):
+                    # the partial is shared: the gate-cache call overrides its dtype
+                    self.d_cache = alloc(shape)
+                    self.g_cache = alloc(shape, dtype=torch.float32)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                def __init__(self, shape):
+                    self.g_cache = self._ring(shape)
+                    self.d_cache = self._ring(shape)
+
+                def _ring(self, shape):
+                    # called for two caches: the gate cache's call is cast
+                    return torch.zeros(shape, dtype=torch.bfloat16)
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                def __init__(self, shape):
+                    self.g_cache = self._ring(shape).to(torch.float32)
+                    self.d_cache = self._ring(shape)
+
+                def _ring(self, shape):
+                    # called for two caches: the gate cache's call is cast
+                    return torch.zeros(shape, dtype=torch.bfloat16)
+            """,
+        ),
+        Invalid(
+            """
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class RingState:
+                g_cache: torch.Tensor = field(
+                    default_factory=lambda: torch.zeros(4, 16, dtype=torch.bfloat16)
+                )
+            """,
+            expected_fix="""
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class RingState:
+                g_cache: torch.Tensor = field(
+                    default_factory=lambda: torch.zeros(4, 16, dtype=torch.float32)
+                )
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class FrozenPool:
+                def __init__(self, shape):
+                    object.__setattr__(self, "g_cache", torch.zeros(shape, dtype=torch.half))
+            """,
+            expected_fix="""
+            import torch
+
+            class FrozenPool:
+                def __init__(self, shape):
+                    object.__setattr__(self, "g_cache", torch.zeros(shape, dtype=torch.float32))
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class LayerState(nn.Module):
+                def __init__(self, layer, shape, g_cache=torch.zeros(1, dtype=torch.bfloat16)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.half))
+            """,
+            expected_fix="""
+            import torch
+            from torch import nn
+
+            class LayerState(nn.Module):
+                def __init__(self, layer, shape, g_cache=torch.zeros(1, dtype=torch.float32)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.float32))
+            """,
+        ),
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
-            if fact.kind is not Kind.EXPLICIT or fact.target is None:
+            if fact.kind is not Kind.EXPLICIT:
                 continue
             dtypes = literal_names(fact.non_float32_literals)
             origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)

@@ -130,6 +130,23 @@ deliberately keeps a float64 gate ring for a reference computation should say so
             g_cache = torch.zeros(4, 16, dtype=torch.get_default_dtype())
             """
         ),
+        Valid(
+            """
+            import torch
+
+            class GraphRunner:
+                # a compiled-graph cache named `g_cache`: a dict read with `.get`, emptied with
+                # `.clear()`, which no tensor has; not a gate cache
+                def __init__(self, dtype, sizes):
+                    self.g_cache = {bs: torch.empty(bs, 16, dtype=dtype) for bs in sizes}
+
+                def replay(self, bs):
+                    return self.g_cache.get(bs)
+
+                def reset(self):
+                    self.g_cache.clear()
+            """
+        ),
     )
     INVALID = (
         Invalid(

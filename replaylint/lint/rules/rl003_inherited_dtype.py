@@ -27,6 +27,15 @@ when state pools are allocated. `torch.zeros_like(d_cache)`, `d_cache.new_zeros(
 `x.clone()` take the dtype of the tensor they start from, which for d and k rings is the model
 dtype. The code looks correct in a float32 unit test and is bf16 in production.
 
+When the code sets the default itself — `torch.set_default_dtype(...)` earlier in the function or
+at module level, or a context manager around the allocation that sets it (vLLM's
+`set_default_torch_dtype(dtype)`, or a `@contextmanager` of the module that calls
+`torch.set_default_dtype`) — the finding names that line and the dtype it sets.
+
+The allocation is also found behind `functools.partial(torch.zeros, device=...)` allocators,
+lambdas, helpers the module calls and `field(default_factory=...)`; a call's own `dtype=` wins
+over a partial's.
+
 Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
 allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
 """
@@ -89,6 +98,16 @@ time.
                 # cast explicitly before the copy: float32
                 g_cache = snapshot.float().clone()
                 return g_cache
+            """
+        ),
+        Valid(
+            """
+            import functools
+            import torch
+
+            # the partial's dtype is float32 for every call that does not pass its own
+            zeros = functools.partial(torch.zeros, device="cuda", dtype=torch.float32)
+            g_cache = zeros(4, 16)
             """
         ),
     )
@@ -170,6 +189,101 @@ time.
                 **factory_kwargs, dtype=torch.float32,
             )
             """,
+        ),
+        Invalid(
+            """
+            import functools
+            import torch
+
+            on_device = functools.partial(torch.empty, device="cuda")
+            d_cache = on_device(4, 16)
+            g_cache = on_device(4, 16)
+            """,
+            expected_fix="""
+            import functools
+            import torch
+
+            on_device = functools.partial(torch.empty, device="cuda")
+            d_cache = on_device(4, 16)
+            g_cache = on_device(4, 16, dtype=torch.float32)
+            """,
+            message_contains="torch's default dtype",
+        ),
+        Invalid(
+            """
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class DecodeState:
+                replayssm_g: torch.Tensor = field(default_factory=lambda: torch.zeros(4, 16))
+            """,
+            expected_fix="""
+            from dataclasses import dataclass, field
+            import torch
+
+            @dataclass
+            class DecodeState:
+                replayssm_g: torch.Tensor = field(default_factory=lambda: torch.zeros(4, 16, dtype=torch.float32))
+            """,
+        ),
+        Invalid(
+            """
+            import contextlib
+            import torch
+
+            @contextlib.contextmanager
+            def model_dtype(dtype):
+                previous = torch.get_default_dtype()
+                torch.set_default_dtype(dtype)
+                try:
+                    yield
+                finally:
+                    torch.set_default_dtype(previous)
+
+            def build(shape):
+                with model_dtype(torch.bfloat16):
+                    g_cache = torch.zeros(shape)
+                return g_cache
+            """,
+            expected_fix="""
+            import contextlib
+            import torch
+
+            @contextlib.contextmanager
+            def model_dtype(dtype):
+                previous = torch.get_default_dtype()
+                torch.set_default_dtype(dtype)
+                try:
+                    yield
+                finally:
+                    torch.set_default_dtype(previous)
+
+            def build(shape):
+                with model_dtype(torch.bfloat16):
+                    g_cache = torch.zeros(shape, dtype=torch.float32)
+                return g_cache
+            """,
+            message_contains="`with model_dtype(torch.bfloat16)` sets to torch.bfloat16",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def load(config, shape):
+                torch.set_default_dtype(config.torch_dtype)
+                replayssm_g = torch.empty(shape)
+                return replayssm_g
+            """,
+            expected_fix="""
+            import torch
+
+            def load(config, shape):
+                torch.set_default_dtype(config.torch_dtype)
+                replayssm_g = torch.empty(shape, dtype=torch.float32)
+                return replayssm_g
+            """,
+            message_contains="`torch.set_default_dtype(config.torch_dtype)` sets to a dtype",
         ),
     )
 

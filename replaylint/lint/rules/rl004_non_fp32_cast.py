@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.modules import GUARD, GateBuffer, gate_buffer_classes, module_cast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
+from replaylint.lint.syntax.nodes import method_name, one_line
+
+_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "double"})
 
 
 class NonFp32Cast(Rule):
@@ -23,6 +30,17 @@ Casts are how a correct float32 ring turns bf16 later: moving the state pool "to
 or matching another tensor (`.to(d_cache)`, `.type_as(k_cache)`, which take that tensor's dtype).
 `.to(device)`, `.to("cuda", non_blocking=True)`, `.float()` and `.to(torch.float32)` are fine, and
 so is `.to(other)` when `other` is known to be float32 (another gate cache).
+
+A cast is found wherever its result becomes a gate cache: returned from a `@property g_cache`,
+passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict or list literal or
+a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
+`.view(torch.bfloat16)` is a reinterpretation of the buffer's bits, reported as well.
+
+A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
+`model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
+(`self.register_buffer("g_cache", ...)`, in the class or a base class) casts that buffer with
+every other one. The cast is reported where it is made, unless the class is guarded
+(`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from `replaylint.guards`).
 """
     FIX = (
         """\
@@ -33,7 +51,13 @@ Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.doub
 same device move, float32 dtype). The fix is **safe**: the cast's result is the gate cache, and
 only its dtype changes, to the one the kernel requires; the device, `non_blocking`, `copy` and the
 dtype variable itself are untouched for every other use. `.type_as(other)` has no fix (it also
-changes the device type); rewrite it as `.to(other.device, torch.float32)`.
+changes the device type); rewrite it as `.to(other.device, torch.float32)`. `.to(**kw)` whose
+mapping carries a dtype becomes `.to(**{**kw, "dtype": torch.float32})`. `.view(torch.bfloat16)`
+is reported without a fix: it reinterprets the bits of the buffer it aliases, so the values would
+change, not only their precision; allocate the gate cache as float32 instead. A module cast has no
+fix either (the other buffers and the parameters must follow the model dtype): guard the module
+with `replaylint.guards.keep_fp32_gate_caches`, which keeps its gate caches float32 through casts
+and state-dict loads.
 """
         + FIX_SAFETY
     )
@@ -75,6 +99,53 @@ changes the device type); rewrite it as `.to(other.device, torch.float32)`.
             # the d and k rings follow the model dtype
             d_cache = d_cache.to(torch.bfloat16)
             k_cache = k_cache.half()
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            class Pool:
+                @property
+                def g_cache(self):
+                    # the property casts to float32; reshaping views keep it
+                    return self._g_ring.float().view(self.slots, -1)
+
+                def step(self, delta):
+                    # in place: the gate cache keeps its float32 dtype
+                    self.g_cache += delta.half()
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+            from replaylint.guards import keep_fp32_gate_caches
+
+            class Ring(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+                    self.register_buffer("slot_ids", torch.zeros(shape[0], dtype=torch.long))
+
+            @keep_fp32_gate_caches
+            class GuardedRing(Ring):
+                pass
+
+            def load(shape, device):
+                # a device move, a float32 cast, a guarded class: the gate buffer stays float32
+                ring = Ring(shape).to(device)
+                ring.float()
+                return GuardedRing(shape).to(device, torch.bfloat16)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def move(g_cache, device):
+                moved = {"device": device, "dtype": torch.float32}
+                return {"g_cache": g_cache.to(**moved), "d_cache": g_cache.view(torch.float32)}
             """
         ),
     )
@@ -140,7 +211,98 @@ changes the device type); rewrite it as `.to(other.device, torch.float32)`.
                 layer_cache.replayssm_g = layer_cache.replayssm_g.type("torch.cuda.FloatTensor")
             """,
         ),
+        Invalid(
+            """
+            import torch
+
+            class Pool:
+                @property
+                def g_cache(self):
+                    return self._g_ring.to(torch.bfloat16)
+            """,
+            expected_fix="""
+            import torch
+
+            class Pool:
+                @property
+                def g_cache(self):
+                    return self._g_ring.to(torch.float32)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            def to_model(pool, model_dtype):
+                kw = {"device": "cuda", "dtype": model_dtype}
+                pool.d_cache = pool.d_cache.to(**kw)
+                pool.g_cache.data = pool.g_cache.data.to(**kw)
+            """,
+            expected_fix="""
+            import torch
+
+            def to_model(pool, model_dtype):
+                kw = {"device": "cuda", "dtype": model_dtype}
+                pool.d_cache = pool.d_cache.to(**kw)
+                pool.g_cache.data = pool.g_cache.data.to(**{**kw, "dtype": torch.float32})
+            """,
+            message_contains="`.to(**kw)`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class MambaPool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def build(shape, device):
+                # the module cast converts the float32 gate buffer: reported where it is cast
+                pool = MambaPool(shape).to(device)
+                pool.to(device, torch.bfloat16)
+                return pool
+            """,
+            message_contains="keep_fp32_gate_caches",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def as_wire_format(pool):
+                # reinterprets the float32 bits: reported, no fix
+                pool.g_cache = pool.raw_ring.view(torch.bfloat16)
+            """,
+            message_contains="reinterprets",
+        ),
     )
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._buffers: dict[str, GateBuffer] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if method_name(node) not in _MODULE_CAST_METHODS:
+            return
+        if self._buffers is None:
+            self._buffers = gate_buffer_classes(self.provenance)
+        if not self._buffers:
+            return
+        cast = module_cast(self.provenance, node, self.site(), self._buffers)
+        if cast is None:
+            return
+        literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
+        target = literal_names(literals) if literals else "a dtype that is not provably float32"
+        owner = cast.buffer.cls.name.value
+        line = self.context.line_of(cast.buffer.node)
+        self.report(
+            node,
+            f"`{one_line(self.context.module, node)}` casts every floating buffer of `{owner}` to "
+            f"{target}, its gate cache `{cast.buffer.name}` (registered on line {line}) included; "
+            f"{WHY}; keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or "
+            "call it on the module after the cast)",
+        )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
@@ -148,8 +310,14 @@ changes the device type); rewrite it as `.to(other.device, torch.float32)`.
                 continue
             literals = fact.non_float32_literals
             target = literal_names(literals) if literals else "a dtype that is not provably float32"
-            fix = self.fix_for(
-                binding, fact, fact.target, "Cast to {float32} instead", Applicability.SAFE
+            # `.view(dtype)` reinterprets the bits of a buffer it aliases: a cast is no fix
+            reinterpreted = fact.call is not None and method_name(fact.call) == "view"
+            fix = (
+                None
+                if reinterpreted
+                else self.fix_for(
+                    binding, fact, fact.target, "Cast to {float32} instead", Applicability.SAFE
+                )
             )
             self.report(
                 fact.node,

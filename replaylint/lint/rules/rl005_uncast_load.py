@@ -22,7 +22,12 @@ decays at ring length 16 that compounds at every flush into the checkpoint.
 Recognised loads: `torch.load(...)` and `safetensors.torch.load_file(...)` (directly or through a
 local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` where the
 container was loaded or is a parameter named like a state dict or checkpoint, and
-`torch.from_numpy(np.load(...))`. Not a finding: copying into an existing float32 gate cache
+`torch.from_numpy(np.load(...))` (`np.memmap`, `np.fromfile`, and `np.array(...)` /
+`np.asarray(...)` of such an array included), `pickle.load(...)`, and raw bytes read with
+`torch.frombuffer(raw, dtype=...)` in any dtype but float32 (the fix casts the result: reading the
+same bytes as float32 would give other numbers). The load is followed through device moves
+(`torch.load(path, mmap=True).to(device)`) and into generators and helpers that return or yield
+it. Not a finding: copying into an existing float32 gate cache
 (`g_cache.copy_(src)`, `g_cache[idx] = src`, `load_state_dict`), which casts on the way in, or a
 load followed by `.float()` / `.to(torch.float32)` / `.to(dtype=torch.float32)`. A dict that is
 merely passed around (`kwargs.get("replayssm_g")`) is not a checkpoint.
@@ -79,6 +84,19 @@ loaded value — device, shape, layout — changes.
                 # loading into the module copies into the float32 buffer
                 self.load_state_dict(state_dict)
                 self.g_cache = state_dict["g_cache"].to(torch.float32)
+            """
+        ),
+        Valid(
+            """
+            import numpy as np
+            import torch
+
+            def from_peer(raw, path):
+                # read as float32 bytes, or converted to float32 on the way
+                g_cache = torch.frombuffer(raw, dtype=torch.float32)
+                ring = np.memmap(path, dtype=np.float16, mode="r")
+                replayssm_g = torch.from_numpy(np.array(ring, dtype=np.float32))
+                return g_cache, replayssm_g
             """
         ),
     )
@@ -172,6 +190,47 @@ loaded value — device, shape, layout — changes.
             """,
             expected_fix=None,
             message_contains="cast each one",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def from_peer(raw):
+                # the bytes are bf16: read them as such, then cast
+                g_cache = torch.frombuffer(raw, dtype=torch.bfloat16)
+                return g_cache
+            """,
+            expected_fix="""
+            import torch
+
+            def from_peer(raw):
+                # the bytes are bf16: read them as such, then cast
+                g_cache = torch.frombuffer(raw, dtype=torch.bfloat16).to(torch.float32)
+                return g_cache
+            """,
+            message_contains="raw bytes read as `torch.bfloat16`",
+        ),
+        Invalid(
+            """
+            import pickle
+            import numpy as np
+            import torch
+
+            def restore(handle, path):
+                gate_cache = pickle.load(handle)
+                g_cache = torch.from_numpy(np.asarray(np.memmap(path, dtype=np.float16)))
+                return gate_cache, g_cache
+            """,
+            expected_fix="""
+            import pickle
+            import numpy as np
+            import torch
+
+            def restore(handle, path):
+                gate_cache = pickle.load(handle).to(torch.float32)
+                g_cache = torch.from_numpy(np.asarray(np.memmap(path, dtype=np.float16))).to(torch.float32)
+                return gate_cache, g_cache
+            """,
         ),
     )
 

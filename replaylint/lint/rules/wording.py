@@ -20,7 +20,11 @@ self.g_cache = ring; register(ring)`): the fix then casts where the value become
 and the cast copies, so the gate cache stops sharing storage with the local's other uses; and when
 spelling `torch.float32` needs an `import torch` in a module that does not import torch
 unconditionally (only under `if TYPE_CHECKING:`, or nowhere at module level), because the module
-would then need torch to import. `torch.float32` is spelled with a name bound to torch where the fix
+would then need torch to import. A value made by a helper, a lambda or a `functools.partial` that
+other calls use too is not fixed inside it: the gate cache's call passes `dtype=torch.float32`
+(a partial), or its fresh result is cast where it becomes the gate cache
+(`self._ring(shape).to(torch.float32)`), which changes nothing the other calls get; when the
+helper's result is also kept elsewhere, there is no fix. `torch.float32` is spelled with a name bound to torch where the fix
 goes: a function's own `import torch`, an optional import (`try: import torch`), `torch =
 pytest.importorskip("torch")`, never an alias the function rebinds (`import torch as t` then `for t
 in ...`). The fix is **withheld** (the finding says what to change instead) when the same value is

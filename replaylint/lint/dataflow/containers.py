@@ -1,0 +1,81 @@
+"""Entries of literal containers: ``{"g_cache": torch.float32}[name]`` and ``DTYPES[i]``.
+
+A dict or a tuple written in the module (directly, or through a local or module constant bound
+once) is read like a table: with the key or index known (a literal, or a loop variable in the
+iteration being evaluated), the entry is the expression the analysis follows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow import strings
+from replaylint.lint.dataflow.strings import Env, bound_in
+from replaylint.lint.syntax.nodes import literal_string
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def dict_literal(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
+) -> tuple[cst.Dict | None, Site]:
+    """A dict literal, directly or through a local or module constant bound once."""
+    if isinstance(expr, cst.Dict):
+        return expr, site
+    bound = bound_in(env, expr)
+    if bound is not None:  # `spec` in `for name, spec in SPECS.items()`
+        return dict_literal(prov, bound.expr, bound.site, bound.env(env))
+    if isinstance(expr, cst.Name):
+        found = prov.lookup(expr.value, site, env)
+        if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):
+            return found[0][0].value, found[0][1]
+    return None, site
+
+
+def dict_entry(
+    prov: Provenance, mapping: cst.Dict, subscript: cst.Subscript, site: Site, env: Env
+) -> cst.BaseExpression | None:
+    """``{"g_cache": torch.float32, ...}[name]`` with ``name`` known from ``env``."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    key = strings.string_value(prov, subscript.slice[0].slice.value, site, env)
+    if key is None:
+        return None
+    for element in mapping.elements:
+        if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
+            return element.value
+    return None
+
+
+def sequence_entry(
+    prov: Provenance, subscript: cst.Subscript, site: Site, env: Env
+) -> tuple[cst.BaseExpression, Site] | None:
+    """``DTYPES[i]`` for a literal tuple or list and an index known in this iteration."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    index = subscript.slice[0].slice.value
+    bound = bound_in(env, index)
+    if bound is not None:
+        index = bound.expr
+    if not isinstance(index, cst.Integer):
+        return None
+    sequence, where = subscript.value, site
+    bound = bound_in(env, sequence)
+    if bound is not None:
+        sequence, where = bound.expr, bound.site
+    elif isinstance(sequence, cst.Name):
+        found = prov.lookup(sequence.value, site, env)
+        if not found or len(found) != 1 or found[0][0].value is None:
+            return None
+        sequence, where = found[0][0].value, found[0][1]
+    if not isinstance(sequence, (cst.Tuple, cst.List)):
+        return None
+    elements = sequence.elements
+    position = int(index.value, 0)
+    if any(isinstance(e, cst.StarredElement) for e in elements) or position >= len(elements):
+        return None
+    return elements[position].value, where

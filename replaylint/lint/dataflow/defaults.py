@@ -1,0 +1,139 @@
+"""Torch's global dtype state where an allocation runs: who set the default dtype, to what.
+
+An allocation without ``dtype=`` takes torch's default dtype, and code sets that default in two
+ways: ``torch.set_default_dtype(torch.bfloat16)`` earlier in the function or at module level, and
+a context manager around the allocation that sets and restores it (vLLM's
+``set_default_torch_dtype(dtype)``, or any ``@contextmanager`` of the module that calls
+``torch.set_default_dtype``). :func:`default_dtype_setting` finds the nearest such setting, so a
+finding can say which line made the allocation bf16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.strings import Env
+from replaylint.lint.dataflow.torch_api import FLOAT32
+from replaylint.lint.syntax.nodes import dotted_name, one_line, positional_args
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+SET_DEFAULT_DTYPE = "torch.set_default_dtype"
+
+
+@dataclass(frozen=True)
+class DefaultDtypeSetting:
+    """A call that sets torch's default dtype before an allocation runs."""
+
+    call: cst.Call
+    dtypes: tuple[DtypeFact, ...]
+    """What the call sets the default to (unknown facts when it cannot be read)."""
+    context_manager: bool
+    """``with <call>:`` around the allocation, rather than a call that ran before it."""
+
+
+def default_dtype_setting(prov: Provenance, site: Site, env: Env) -> DefaultDtypeSetting | None:
+    """The nearest setting of the default dtype that the statement at ``site`` runs under."""
+    statement = site.statement
+    if statement is None:
+        return None
+    for scope in reversed(site.scopes):
+        if isinstance(scope, cst.ClassDef):
+            continue
+        for with_item in _enclosing_with_items(prov, scope, statement):
+            if _sets_default_dtype(prov, with_item):
+                return _setting(prov, with_item, site, env, context_manager=True)
+        inner = scope is site.scopes[-1]
+        for call in _calls_before(scope, statement if inner else None):
+            if SET_DEFAULT_DTYPE in prov.index.qualified_names(call.func):
+                return _setting(prov, call, site, env, context_manager=False)
+    return None
+
+
+_PLAIN = "torch's default dtype (model loaders set it to the model dtype)"
+
+
+def default_dtype_detail(prov: Provenance, site: Site, env: Env) -> str:
+    """How a finding names the default dtype an allocation at ``site`` takes."""
+    setting = default_dtype_setting(prov, site, env)
+    if setting is None:
+        return _PLAIN
+    text = one_line(prov.index.module, setting.call)
+    spelled = f"`with {text}`" if setting.context_manager else f"`{text}`"
+    literals = sorted({f.dtype for f in setting.dtypes if f.dtype is not None})
+    if literals and all(f.dtype is not None for f in setting.dtypes):
+        if literals == [FLOAT32]:
+            return _PLAIN  # float32 here, but another caller or loader may set it otherwise
+        named = " or ".join(f"torch.{d}" for d in literals)
+        return f"torch's default dtype, which {spelled} sets to {named}"
+    return f"torch's default dtype, which {spelled} sets to a dtype that is not provably float32"
+
+
+def _setting(
+    prov: Provenance, call: cst.Call, site: Site, env: Env, *, context_manager: bool
+) -> DefaultDtypeSetting:
+    args = positional_args(call)
+    dtypes = prov.dtype_facts(args[0].value, site, env) if args else (DtypeFact(None, call),)
+    return DefaultDtypeSetting(call, dtypes, context_manager)
+
+
+def _enclosing_with_items(
+    prov: Provenance, scope: cst.CSTNode, statement: cst.CSTNode
+) -> Iterator[cst.Call]:
+    """The calls of ``with`` items whose body holds ``statement``, innermost first."""
+    found: list[cst.Call] = []
+    stack: list[cst.CSTNode] = []
+    if isinstance(scope, cst.Module):
+        stack.extend(scope.body)
+    elif isinstance(scope, cst.FunctionDef):
+        stack.append(scope.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
+            continue
+        if isinstance(node, cst.With) and prov.within(statement, node.body):
+            found.extend(item.item for item in node.items if isinstance(item.item, cst.Call))
+        stack.extend(node.children)
+    yield from reversed(found)
+
+
+def _sets_default_dtype(prov: Provenance, call: cst.Call) -> bool:
+    """Whether ``with call:`` sets the default dtype: a name that says so, or a function of the
+    module that calls ``torch.set_default_dtype``."""
+    name = dotted_name(call.func) or ""
+    last = name.rpartition(".")[2].lower()
+    if "default" in last and "dtype" in last:
+        return True
+    if isinstance(call.func, cst.Name):
+        for binding, _ in prov.lookup(call.func.value, Site((prov.index.module,), None)) or ():
+            if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
+                return any(
+                    SET_DEFAULT_DTYPE in prov.index.qualified_names(inner.func)
+                    for inner in _calls_before(binding.node, None)
+                )
+    return False
+
+
+def _calls_before(scope: cst.CSTNode, statement: cst.CSTNode | None) -> Iterator[cst.Call]:
+    """Calls of ``scope``'s own code in source order, up to ``statement`` (all when None),
+    nearest first."""
+    calls: list[cst.Call] = []
+
+    def walk(node: cst.CSTNode) -> bool:
+        if node is statement:
+            return True
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and node is not scope:
+            return False
+        if isinstance(node, cst.Call):
+            calls.append(node)
+        return any(walk(child) for child in node.children)
+
+    walk(scope)
+    yield from reversed(calls)

@@ -1,0 +1,226 @@
+"""Expressions that compute a tensor from others: arithmetic, elementwise functions, joins.
+
+``-torch.rand(shape, dtype=torch.bfloat16)``, ``ring * 0.1``, ``F.logsigmoid(x)``, ``g.cumsum(-1)``
+keep the dtype of the tensor they start from; ``a * b``, ``torch.where(m, a, b)`` and
+``torch.cat([a, b])`` have the *promoted* dtype of their tensor operands, so a float32 part makes
+the result float32 (``cat`` of a float32 ring with bf16 padding is float32) and an operand whose
+dtype is not known leaves the result unknown. Python numbers never change a floating dtype. A
+``dtype=`` argument (``torch.cumsum(x, -1, dtype=...)``) decides the result as a cast does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
+from replaylint.lint.dataflow.strings import Env, bound_in
+from replaylint.lint.dataflow.torch_api import (
+    BINARY_METHODS,
+    ELEMENTWISE_METHODS,
+    FLOATING_RANK,
+    TORCH_BINARY_FUNCTIONS,
+    TORCH_CONCATENATIONS,
+    TORCH_ELEMENTWISE_FUNCTIONS,
+)
+from replaylint.lint.syntax.nodes import keyword_arg, method_name, one_line, positional_args
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+_ARITHMETIC = (
+    cst.Add,
+    cst.Subtract,
+    cst.Multiply,
+    cst.Divide,
+    cst.FloorDivide,
+    cst.Modulo,
+    cst.Power,
+    cst.MatrixMultiply,
+)
+_JOINED = ("tensors", "input")
+
+
+def operator_facts(
+    prov: Provenance, expr: cst.UnaryOperation | cst.BinaryOperation, site: Site, env: Env
+) -> Iterator[TensorFact]:
+    """``-x`` and ``+x`` keep ``x``'s dtype; ``a <op> b`` has the promoted dtype."""
+    if isinstance(expr, cst.UnaryOperation):
+        if isinstance(expr.operator, (cst.Minus, cst.Plus)):
+            yield from prov.tensor_facts(expr.expression, site, env)
+        else:
+            yield TensorFact(Kind.UNKNOWN, expr)
+        return
+    if not isinstance(expr.operator, _ARITHMETIC):
+        yield TensorFact(Kind.UNKNOWN, expr)
+        return
+    yield from promoted(prov, expr, ((expr.left, site), (expr.right, site)), env)
+
+
+def call_facts(
+    prov: Provenance,
+    call: cst.Call,
+    names: set[str],
+    receiver: cst.BaseExpression | None,
+    site: Site,
+    env: Env,
+) -> tuple[TensorFact, ...] | None:
+    """The facts of an elementwise call or a join; None when ``call`` is neither.
+
+    ``receiver`` is ``x`` in a method call ``x.f(...)``; None for a function call.
+    """
+    positional = [arg.value for arg in positional_args(call)]
+    if names & TORCH_ELEMENTWISE_FUNCTIONS:
+        if not positional:
+            return (TensorFact(Kind.UNKNOWN, call),)
+        return _elementwise(prov, call, positional[0], site, env)
+    binary = next((TORCH_BINARY_FUNCTIONS[n] for n in names if n in TORCH_BINARY_FUNCTIONS), None)
+    if binary is not None:
+        if len(positional) <= max(binary):
+            return (TensorFact(Kind.UNKNOWN, call),)
+        return tuple(promoted(prov, call, [(positional[i], site) for i in binary], env))
+    if names & TORCH_CONCATENATIONS:
+        joined = positional[0] if positional else None
+        for keyword in _JOINED:
+            if joined is None and (arg := keyword_arg(call, keyword)) is not None:
+                joined = arg.value
+        parts = _parts(prov, joined, site, env) if joined is not None else None
+        if parts is None:
+            return (TensorFact(Kind.UNKNOWN, call),)
+        return tuple(promoted(prov, call, parts, env))
+    method = method_name(call)
+    if method is None or receiver is None:
+        return None
+    if method in ELEMENTWISE_METHODS:
+        return _elementwise(prov, call, receiver, site, env)
+    if method in BINARY_METHODS and positional:
+        return tuple(promoted(prov, call, ((receiver, site), (positional[0], site)), env))
+    return None
+
+
+def _elementwise(
+    prov: Provenance, call: cst.Call, source: cst.BaseExpression, site: Site, env: Env
+) -> tuple[TensorFact, ...]:
+    dtype_arg = keyword_arg(call, "dtype")
+    if dtype_arg is None:
+        return prov.tensor_facts(source, site, env)
+    facts = prov.dtype_facts(dtype_arg.value, site, env)
+    if all(f.is_float32 for f in facts):
+        return (TensorFact(Kind.FLOAT32, call, dtypes=facts),)
+    if all_not_floating(facts):
+        return (TensorFact(Kind.NOT_FLOATING, call, dtypes=facts),)
+    return (
+        TensorFact(
+            Kind.CAST,
+            dtype_arg.value,
+            call=call,
+            dtypes=facts,
+            detail=f"`dtype={one_line(prov.index.module, dtype_arg.value)}`",
+            target=SetDtype(dtype_arg.value),
+        ),
+    )
+
+
+def promoted(
+    prov: Provenance,
+    node: cst.BaseExpression,
+    operands: Sequence[tuple[cst.BaseExpression, Site]],
+    env: Env,
+) -> Iterator[TensorFact]:
+    """The facts of a result with the promoted dtype of ``operands`` (numbers left out)."""
+    tensors = [
+        prov.tensor_facts(operand, where, env)
+        for operand, where in operands
+        if not is_number(prov, operand, where, env)
+    ]
+    if not tensors:
+        yield TensorFact(Kind.UNKNOWN, node)
+        return
+    if len(tensors) == 1:
+        yield from tensors[0]
+        return
+    ranks = [_rank(facts) for facts in tensors]
+    if any(rank is None for rank in ranks):
+        yield TensorFact(Kind.UNKNOWN, node)  # an operand of unknown dtype may promote it
+        return
+    if any(prov.all_float32(facts) for facts in tensors) and max(r or 0 for r in ranks) <= 2:
+        yield TensorFact(Kind.FLOAT32, node)
+        return
+    floating = [facts for facts in tensors if not all(f.kind is Kind.NOT_FLOATING for f in facts)]
+    if not floating:
+        yield TensorFact(Kind.UNKNOWN, node)
+        return
+    for facts in floating:
+        yield from (f for f in facts if f.kind is not Kind.FLOAT32)
+
+
+def _rank(facts: Sequence[TensorFact]) -> int | None:
+    """The highest promotion rank ``facts`` may give a tensor; None when one is unknown."""
+    highest = 0
+    for fact in facts:
+        if fact.kind is Kind.FLOAT32:
+            highest = max(highest, 2)
+        elif fact.kind is Kind.NOT_FLOATING:
+            continue
+        elif fact.kind is Kind.UNKNOWN:
+            return None
+        else:
+            literals = [d.dtype for d in fact.dtypes]
+            known = [FLOATING_RANK.get(d) for d in literals if d is not None]
+            if None in literals or None in known or not known:
+                # a dtype that may be anything (a variable, torch's default, a load)
+                highest = max(highest, 1)
+                continue
+            highest = max(highest, *(k for k in known if k is not None))
+    return highest
+
+
+def is_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> bool:
+    """Whether ``expr`` is a Python number: a literal, a negated one, or a name bound to one."""
+    if isinstance(expr, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus)):
+        return is_number(prov, expr.expression, site, env)
+    if isinstance(expr, cst.BinaryOperation):
+        return is_number(prov, expr.left, site, env) and is_number(prov, expr.right, site, env)
+    if isinstance(expr, cst.Name) and bound_in(env, expr) is None:
+        found = prov.lookup(expr.value, site, env)
+        return bool(found) and all(
+            binding.kind == "assign"
+            and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation))
+            and is_number(prov, binding.value, binding_site, env)
+            for binding, binding_site in found or ()
+        )
+    return False
+
+
+def _parts(
+    prov: Provenance, joined: cst.BaseExpression, site: Site, env: Env
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """The tensors a join combines: a literal sequence's elements, one comprehension element."""
+    if isinstance(joined, (cst.List, cst.Tuple)):
+        if any(isinstance(e, cst.StarredElement) for e in joined.elements):
+            return None
+        return [(element.value, site) for element in joined.elements]
+    if isinstance(joined, (cst.ListComp, cst.GeneratorExp)):
+        return [(joined.elt, site)]
+    if (
+        isinstance(joined, cst.BinaryOperation)
+        and isinstance(joined.operator, cst.Multiply)
+        and isinstance(joined.left, (cst.List, cst.Tuple))
+        and is_number(prov, joined.right, site, env)
+    ):
+        return _parts(prov, joined.left, site, env)  # `[ring] * layers`
+    if isinstance(joined, cst.Name) and bound_in(env, joined) is None:
+        found = prov.lookup(joined.value, site, env)
+        if found and len(found) == 1 and found[0][0].kind == "assign":
+            # only a sequence made for this join: a fix of one of its parts changes no other use
+            if not prov.index.read_once(found[0][0]):
+                return None
+            value = found[0][0].value
+            if isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)):
+                return _parts(prov, value, found[0][1], env)  # where the sequence was written
+    return None

@@ -1,0 +1,265 @@
+"""Expression forms that hide an allocation or a cast: arithmetic and promotion, elementwise
+functions, joins, calls of the module's own helpers, lambdas and partials, and the binding forms
+that make a gate cache (append, ``+=``, ``setdefault``, properties, ``.data``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.model import Applicability
+
+
+def _findings(source: str) -> list[tuple[int, str]]:
+    text = textwrap.dedent(source).lstrip("\n")
+    return sorted((f.location.row, f.code) for f in Linter().check(text, "m.py"))
+
+
+def _fixed(source: str) -> str:
+    text = textwrap.dedent(source).lstrip("\n")
+    return Linter().fix(text, "m.py", unsafe=True).source
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # two bf16 operands: bf16; each allocation is reported
+        (
+            """
+            import torch
+            g_cache = torch.ones(4, dtype=torch.bfloat16) * torch.rand(4, dtype=torch.bfloat16)
+            """,
+            [(2, "RL001"), (2, "RL001")],
+        ),
+        # a float32 operand promotes a bf16 one
+        (
+            """
+            import torch
+            g_cache = torch.ones(4, dtype=torch.float32) * torch.rand(4, dtype=torch.bfloat16)
+            """,
+            [],
+        ),
+        # float64 wins over float32
+        (
+            """
+            import torch
+            g_cache = torch.ones(4, dtype=torch.float32) + torch.rand(4, dtype=torch.float64)
+            """,
+            [(2, "RL001")],
+        ),
+        # an operand of unknown dtype may promote the result: not reported
+        (
+            """
+            import torch
+            def f(scale):
+                g_cache = torch.zeros(4, dtype=torch.bfloat16) * scale
+            """,
+            [],
+        ),
+        # a module constant that is a number does not promote
+        (
+            """
+            import torch
+            DECAY = -0.5
+            g_cache = DECAY * torch.ones(4, dtype=torch.half)
+            """,
+            [(3, "RL001")],
+        ),
+        # a comparison is a mask, not a ring
+        (
+            """
+            import torch
+            g_cache = torch.zeros(4, dtype=torch.bfloat16) > 0
+            """,
+            [],
+        ),
+        # a function's own dtype= decides, as a cast does
+        (
+            """
+            import torch
+            def f(raw):
+                g_cache = torch.cumsum(raw.half(), -1, dtype=torch.float32)
+                replayssm_g = torch.cumsum(raw, -1, dtype=torch.bfloat16)
+            """,
+            [(4, "RL004")],
+        ),
+        # a list of parts made for the join is read; one used elsewhere too is not
+        (
+            """
+            import torch
+            def f():
+                parts = [torch.zeros(4, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.bfloat16)]
+                g_cache = torch.cat(parts)
+                shared = [torch.zeros(4, dtype=torch.bfloat16)]
+                replayssm_g = torch.cat(shared)
+                return shared
+            """,
+            [(3, "RL001"), (3, "RL001")],
+        ),
+        # an argument named like the parameter it is passed to
+        (
+            """
+            import torch
+            def _ring(shape):
+                return torch.zeros(shape, dtype=torch.bfloat16)
+            def build(shape):
+                g_cache = _ring(shape)
+            """,
+            [(3, "RL001")],
+        ),
+        # a helper's dtype parameter is RL006's question alone
+        (
+            """
+            import torch
+            def _ring(shape, dtype):
+                return torch.zeros(shape, dtype=dtype)
+            def build(shape):
+                g_cache = _ring(shape, torch.bfloat16)
+            """,
+            [(5, "RL006")],
+        ),
+        # a helper following its tensor argument: a gate cache is float32, a delta ring is not
+        # (the helper serves two calls, so the finding is at the call)
+        (
+            """
+            import torch
+            def _like(t):
+                return torch.zeros_like(t)
+            def build(pool):
+                g_cache = _like(pool.g_cache)
+                replayssm_g = _like(pool.d_cache)
+            """,
+            [(6, "RL003")],
+        ),
+        # `.to(**kw)` with a mapping that cannot be read, `+=` on a tensor: nothing to say
+        (
+            """
+            import torch
+            def f(g_cache, kw, delta):
+                g_cache = g_cache.to(**kw)
+                g_cache += delta.half()
+            """,
+            [],
+        ),
+        # a lambda sees the default it was given; a call that passes float32 is fine
+        (
+            """
+            import torch
+            ring = lambda n, dtype=torch.bfloat16: torch.zeros(n, dtype=dtype)
+            g_cache = ring(4, dtype=torch.float32)
+            replayssm_g = ring(4)
+            """,
+            [(4, "RL001")],
+        ),
+        # `yield from` another iterable is not followed
+        (
+            """
+            import torch
+            def _rings(other):
+                yield torch.zeros(4, dtype=torch.float32)
+                yield from other
+            g_caches = list(_rings([]))
+            """,
+            [],
+        ),
+        # `.extend` and `.insert` add gate caches as `.append` does
+        (
+            """
+            import torch
+            def f(self):
+                self.g_caches.extend([torch.zeros(4, dtype=torch.float16)])
+                self.g_caches.insert(0, torch.zeros(4, dtype=torch.float16))
+                self.d_caches.extend([torch.zeros(4, dtype=torch.float16)])
+            """,
+            [(3, "RL001"), (4, "RL001")],
+        ),
+        # an element of a list of rings is replaced; an element of a tensor is copied (cast)
+        (
+            """
+            import torch
+            def f(self, i, x):
+                self.g_caches[i] = x.half()
+                self.g_cache[i] = x.half()
+            """,
+            [(3, "RL004")],
+        ),
+        # a parameter default, and an f-string buffer name outside a loop over names
+        (
+            """
+            import torch
+            class Pool(torch.nn.Module):
+                def __init__(self, layer, g_cache=torch.zeros(4, dtype=torch.half)):
+                    super().__init__()
+                    self.register_buffer(f"layer{layer}_g_cache", torch.zeros(4, dtype=torch.half))
+                    self.register_buffer(f"layer{layer}_d_cache", torch.zeros(4, dtype=torch.half))
+                    for kind in ("d", "g"):
+                        self.register_buffer(f"{kind}_ring", torch.zeros(4, dtype=torch.half))
+            """,
+            [(3, "RL001"), (5, "RL001")],
+        ),
+        # super().__setattr__ binds as object.__setattr__ does
+        (
+            """
+            import torch
+            class Pool:
+                def __init__(self):
+                    super().__setattr__("g_cache", torch.zeros(4, dtype=torch.float16))
+            """,
+            [(4, "RL001")],
+        ),
+    ],
+)
+def test_findings(source: str, expected: list[tuple[int, str]]) -> None:
+    assert _findings(source) == expected
+
+
+def test_a_helper_called_once_is_fixed_inside_and_a_shared_one_at_the_call() -> None:
+    once = """
+    import torch
+    class Pool:
+        def __init__(self):
+            self.g_cache = self._ring()
+        def _ring(self):
+            return torch.zeros(4, dtype=torch.bfloat16)
+    """
+    assert "return torch.zeros(4, dtype=torch.float32)" in _fixed(once)
+    shared = once.replace(
+        "self.g_cache = self._ring()", "self.g_cache = self._ring()\n        self.d = self._ring()"
+    )
+    fixed = _fixed(shared)
+    assert "self.g_cache = self._ring().to(torch.float32)" in fixed
+    assert "dtype=torch.bfloat16" in fixed
+
+
+def test_a_reinterpreting_view_has_no_fix_even_through_a_shared_local() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+        def f(wire):
+            bits = wire.view(torch.bfloat16)
+            g_cache = bits
+            return bits
+        """
+    ).lstrip("\n")
+    findings = Linter().check(source, "m.py")
+    assert [(f.code, f.fix) for f in findings] == [("RL004", None)]
+    assert "reinterprets" in findings[0].message
+
+
+def test_a_shared_partial_is_overridden_at_the_gate_cache_call_safely() -> None:
+    source = textwrap.dedent(
+        """
+        import functools
+        import torch
+        alloc = functools.partial(torch.zeros, dtype=torch.bfloat16)
+        d_cache = alloc(4)
+        g_cache = alloc(4)
+        """
+    ).lstrip("\n")
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(5, "RL001")]
+    assert findings[0].fix is not None
+    assert findings[0].fix.applicability is Applicability.SAFE
+    assert "g_cache = alloc(4, dtype=torch.float32)" in _fixed(source)

@@ -1,0 +1,148 @@
+"""Torch's global dtype state (``set_default_dtype``, context managers that set it, autocast) and
+module casts that convert a registered gate buffer."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from replaylint.lint.engine import Linter
+
+
+def _findings(source: str) -> list[tuple[int, str, str]]:
+    text = textwrap.dedent(source).lstrip("\n")
+    return sorted((f.location.row, f.code, f.message) for f in Linter().check(text, "m.py"))
+
+
+@pytest.mark.parametrize(
+    ("source", "row", "says"),
+    [
+        # set at module level: every function's dtype-less allocation follows it
+        (
+            """
+            import torch
+            torch.set_default_dtype(torch.bfloat16)
+            def build(shape):
+                return {"g_cache": torch.zeros(shape)}
+            """,
+            4,
+            "`torch.set_default_dtype(torch.bfloat16)` sets to torch.bfloat16",
+        ),
+        # the nearest setting before the allocation wins
+        (
+            """
+            import torch
+            def build(shape):
+                torch.set_default_dtype(torch.float16)
+                torch.set_default_dtype(torch.bfloat16)
+                g_cache = torch.zeros(shape)
+            """,
+            5,
+            "sets to torch.bfloat16",
+        ),
+        # a context manager named for what it does (vLLM's loader helper)
+        (
+            """
+            import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+            def load(model_config, shape):
+                with set_default_torch_dtype(model_config.dtype):
+                    g_cache = torch.empty(shape)
+            """,
+            5,
+            "`with set_default_torch_dtype(model_config.dtype)` sets to a dtype that is not",
+        ),
+    ],
+)
+def test_the_setting_is_named(source: str, row: int, says: str) -> None:
+    found = _findings(source)
+    assert [(r, code) for r, code, _ in found] == [(row, "RL003")]
+    assert says in found[0][2]
+
+
+def test_a_float32_setting_or_none_keeps_the_plain_wording() -> None:
+    for source in (
+        """
+        import torch
+        def build(shape):
+            torch.set_default_dtype(torch.float32)
+            g_cache = torch.zeros(shape)
+        """,
+        """
+        import torch
+        def build(shape):
+            g_cache = torch.zeros(shape)
+            torch.set_default_dtype(torch.bfloat16)
+        """,
+    ):
+        (found,) = _findings(source)
+        assert "model loaders set it to the model dtype" in found[2]
+
+
+def test_get_default_and_autocast_dtypes() -> None:
+    assert [
+        c
+        for _, c, _ in _findings(
+            """
+        import torch
+        torch.set_default_dtype(torch.bfloat16)
+        g_cache = torch.zeros(4, dtype=torch.get_default_dtype())
+        replayssm_g = torch.zeros(4, dtype=torch.get_autocast_dtype("cuda"))
+        """
+        )
+    ] == ["RL001", "RL002"]
+
+
+_POOL = """
+import torch
+from torch import nn
+
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+        self.register_buffer("gate_cache", torch.zeros(4, dtype=torch.long))
+
+class Pool(Base):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("use", "reported"),
+    [
+        ("pool = Pool().cuda().to(torch.bfloat16)", True),
+        ("pool = Pool()\npool = pool.half()", True),
+        ("def f(model_dtype):\n    return Pool().to(dtype=model_dtype)", True),
+        ("pool = Pool().to('cuda')", False),
+        ("pool = Pool().to(torch.float32)", False),
+        ("pool = Pool().long()", False),
+        ("d_cache = torch.zeros(4).half()", False),
+    ],
+)
+def test_module_casts(use: str, reported: bool) -> None:
+    found = _findings(_POOL + use + "\n")
+    assert [code for _, code, _ in found] == (["RL004"] if reported else [])
+    if reported:
+        assert "keep_fp32_gate_caches" in found[0][2]
+        assert "`g_cache` (registered on line 7)" in found[0][2]
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        "from replaylint.guards import keep_fp32_gate_caches\n@keep_fp32_gate_caches\n",
+        "import replaylint.guards\n@replaylint.guards.keep_fp32_gate_caches()\n",
+    ],
+)
+def test_a_guarded_class_is_not_reported(guard: str) -> None:
+    source = _POOL.replace("class Pool(Base):", guard + "class Pool(Base):")
+    assert _findings(source + "pool = Pool().half()\n") == []
+
+
+def test_an_integer_gate_buffer_is_not_converted() -> None:
+    source = _POOL.replace(
+        '"g_cache", torch.zeros(4, dtype=torch.float32)', '"g_ids", torch.zeros(4)'
+    )
+    assert _findings(source + "pool = Pool().half()\n") == []

@@ -1,0 +1,61 @@
+"""A name that looks like a gate cache but is used as a mapping (a compiled-graph cache) is not
+a tensor: none of its bindings is reported. Plural names stay collections of rings."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from replaylint.lint.engine import Linter
+
+
+def _codes(source: str) -> list[str]:
+    text = textwrap.dedent(source).lstrip("\n")
+    return [f.code for f in Linter().check(text, "m.py")]
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        "self.g_cache.get(bs)",
+        "self.g_cache.clear()",
+        "self.g_cache.setdefault(bs, None)",
+        "self.g_cache.move_to_end(bs)",
+        "list(self.g_cache.items())",
+    ],
+)
+def test_a_mapping_named_like_a_gate_cache_is_not_reported(use: str) -> None:
+    source = f"""
+    import torch
+    class GraphRunner:
+        def __init__(self, dtype):
+            self.g_cache = {{bs: torch.empty(bs, dtype=dtype) for bs in (1, 2)}}
+        def replay(self, bs):
+            return {use}
+    """
+    assert _codes(source) == []
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        # a dict of rings by layer: a plural name keeps being checked
+        "self.g_caches.get(bs)",
+        # a gate cache read out of a dict by its name
+        'self.g_cache.get("g_cache")',
+        # a method of the result, not of the name
+        "self.g_cache.float().clear()",
+    ],
+)
+def test_other_uses_do_not_hide_a_gate_cache(use: str) -> None:
+    source = f"""
+    import torch
+    class Pool:
+        def __init__(self, dtype):
+            self.g_cache = torch.empty(4, dtype=dtype)
+            self.g_caches = {{bs: torch.empty(bs, dtype=dtype) for bs in (1, 2)}}
+        def ring(self, bs):
+            return {use}
+    """
+    assert "RL002" in _codes(source)
