@@ -146,13 +146,14 @@ class BindingWalker(Visitor):
         self._statements.pop()
 
     def _loop_variable_in(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` reads a variable of an enclosing ``for`` loop (or comprehension)."""
+        """Whether ``node`` reads a variable of an enclosing ``for`` loop that may hold a name
+        (a counter of ``range`` or ``enumerate`` only numbers it: ``f"g_cache_{i}"``)."""
         read = {name.value for name in read_names(node)}
         for statement in self._statements:
-            if isinstance(statement, cst.For) and read & {
-                name.value for name in read_names(statement.target)
-            }:
-                return True
+            if isinstance(statement, cst.For):
+                variables = {name.value for name in read_names(statement.target)}
+                if read & (variables - _counters(statement)):
+                    return True
         return False
 
     # ----------------------------------------------------------------- binding spellings
@@ -309,6 +310,24 @@ def static_name(node: cst.BaseExpression) -> str | None:
             parts.append(part.value if isinstance(part, cst.FormattedStringText) else "0")
         return "".join(parts)
     return literal_string(node)
+
+
+def _counters(loop: cst.For) -> set[str]:
+    """The loop variables that hold integers: ``for i in range(n)``, ``for i, x in
+    enumerate(xs)``."""
+    iterable, target = loop.iter, loop.target
+    if not isinstance(iterable, cst.Call) or not isinstance(iterable.func, cst.Name):
+        return set()
+    if iterable.func.value == "range" and isinstance(target, cst.Name):
+        return {target.value}
+    if (
+        iterable.func.value == "enumerate"
+        and isinstance(target, cst.Tuple)
+        and target.elements
+        and isinstance(target.elements[0].value, cst.Name)
+    ):
+        return {target.elements[0].value.value}
+    return set()
 
 
 def _is_setattr(func: cst.BaseExpression) -> bool:
