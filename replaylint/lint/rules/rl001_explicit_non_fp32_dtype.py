@@ -374,6 +374,30 @@ reader of the cache either expects float32 or casts.
                     self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.float32))
             """,
         ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class LayerRings(nn.Module):
+                def __init__(self, layers, shape):
+                    super().__init__()
+                    for i in range(layers):
+                        # a counter only numbers the name: every iteration is a gate buffer
+                        self.register_buffer(f"layer{i}_g_cache", torch.zeros(shape, dtype=torch.bfloat16))
+            """,
+            expected_fix="""
+            import torch
+            from torch import nn
+
+            class LayerRings(nn.Module):
+                def __init__(self, layers, shape):
+                    super().__init__()
+                    for i in range(layers):
+                        # a counter only numbers the name: every iteration is a gate buffer
+                        self.register_buffer(f"layer{i}_g_cache", torch.zeros(shape, dtype=torch.float32))
+            """,
+        ),
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
