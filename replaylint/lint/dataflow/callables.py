@@ -30,8 +30,8 @@ from replaylint.lint.dataflow.facts import (
     TensorFact,
 )
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.dataflow.scopes import all_params
-from replaylint.lint.dataflow.strings import Bound, Env
+from replaylint.lint.dataflow.scopes import Binding, all_params
+from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -345,8 +345,27 @@ class _YieldFrom(Exception):
 _SPLITTING_METHODS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
 
 
+def element_binding_facts(
+    prov: Provenance, binding: Binding, site: Site, env: Env
+) -> tuple[TensorFact, ...] | None:
+    """What a name bound to one element of a value holds: ``d, k, g = value`` (that element),
+    ``for ring in rings`` (any element of ``rings``: a list, a comprehension, a generator of the
+    module, rows of a tensor); None when not followed."""
+    if binding.kind == "assign":
+        unpacked = records.unpacked(binding)
+        if unpacked is None:
+            return None
+        return element_facts(prov, unpacked[0], unpacked[1], site, env)
+    loop = binding.statement
+    if binding.kind != "loop" or not isinstance(loop, cst.For) or loop.target is not binding.node:
+        return None
+    facts = prov.tensor_facts(loop.iter, site, env)
+    # what a fix would change is the iterable, which may hold more than this element
+    return tuple(replace(f, target=None) for f in facts)
+
+
 def element_facts(
-    prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env
+    prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env = NO_ENV
 ) -> tuple[TensorFact, ...] | None:
     """The facts of element ``position`` of ``value`` (``d, k, g = value``); None when the
     element is not known."""

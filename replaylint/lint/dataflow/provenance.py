@@ -312,10 +312,7 @@ class Provenance:
         """A local binding's value's facts (for ``d, k, g = value``, its element's); or None."""
         if binding.kind in {"assign", "with"} and binding.value is not None:
             return self.tensor_facts(binding.value, binding_site, env)
-        unpacked = records.unpacked(binding) if binding.kind == "assign" else None
-        if unpacked is None:
-            return None
-        return callables.element_facts(self, unpacked[0], unpacked[1], binding_site, env)
+        return callables.element_binding_facts(self, binding, binding_site, env)
 
     def _subscript_facts(self, expr: cst.Subscript, site: Site, env: Env) -> Iterator[TensorFact]:
         key = self._subscript_key(expr, site, env)

@@ -18,7 +18,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args
+from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args, record_fields
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -34,31 +34,6 @@ class FieldValue:
     value: cst.BaseExpression
     site: Site
     passed: Passed
-
-
-def record_fields(cls: cst.ClassDef) -> list[tuple[str, cst.BaseExpression | None]] | None:
-    """The fields of a NamedTuple or dataclass, in order, with their defaults; None for any
-    other class."""
-    decorated = any(
-        "dataclass" in (dotted_name(_callee(d.decorator)) or "") for d in cls.decorators
-    )
-    named_tuple = any((dotted_name(base.value) or "").endswith("NamedTuple") for base in cls.bases)
-    if not (decorated or named_tuple) or not isinstance(cls.body, cst.IndentedBlock):
-        return None
-    fields: list[tuple[str, cst.BaseExpression | None]] = []
-    for statement in cls.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if not isinstance(small, cst.AnnAssign) or not isinstance(small.target, cst.Name):
-                continue
-            annotation = small.annotation.annotation
-            if isinstance(annotation, cst.Subscript):
-                annotation = annotation.value
-            if (dotted_name(annotation) or "").endswith("ClassVar"):
-                continue  # a class attribute, not a field
-            fields.append((small.target.value, small.value))
-    return fields
 
 
 def field_value(
@@ -250,7 +225,3 @@ def _plain_elements(sequence: cst.Tuple | cst.List) -> list[cst.BaseExpression] 
     if any(isinstance(e, cst.StarredElement) for e in sequence.elements):
         return None
     return [e.value for e in sequence.elements]
-
-
-def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node.func if isinstance(node, cst.Call) else node

@@ -105,3 +105,33 @@ def comprehension_in(value: cst.BaseExpression) -> Comprehension | None:
         if isinstance(inner, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
             return inner
     return None
+
+
+def record_fields(cls: cst.ClassDef) -> list[tuple[str, cst.BaseExpression | None]] | None:
+    """The fields of a NamedTuple or dataclass, in order, with their defaults; None for any
+    other class."""
+    decorated = any(
+        "dataclass"
+        in (
+            dotted_name(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+            or ""
+        )
+        for d in cls.decorators
+    )
+    named_tuple = any((dotted_name(base.value) or "").endswith("NamedTuple") for base in cls.bases)
+    if not (decorated or named_tuple) or not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    fields: list[tuple[str, cst.BaseExpression | None]] = []
+    for statement in cls.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.AnnAssign) or not isinstance(small.target, cst.Name):
+                continue
+            annotation = small.annotation.annotation
+            if isinstance(annotation, cst.Subscript):
+                annotation = annotation.value
+            if (dotted_name(annotation) or "").endswith("ClassVar"):
+                continue  # a class attribute, not a field
+            fields.append((small.target.value, small.value))
+    return fields
