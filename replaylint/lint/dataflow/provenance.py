@@ -453,7 +453,7 @@ class Provenance:
                 target=CastValue(call),
             )
             return
-        if method == "get" and positional_args(call):
+        if method in {"get", "pop"} and positional_args(call):  # a mapping's entry
             if loads.is_loaded(self, receiver, site, env):
                 detail = loads.describe_load(self.index, receiver)
                 yield TensorFact(

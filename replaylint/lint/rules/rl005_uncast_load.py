@@ -25,7 +25,7 @@ exponentiates prefix sums of its log-decays, so bf16 rounding becomes a ~1.5% re
 decays at ring length 16 that compounds at every flush into the checkpoint.
 
 Recognised loads: `torch.load(...)` and `safetensors.torch.load_file(...)` (directly or through a
-local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` where the
+local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` / `checkpoint.pop(key)` where the
 container was loaded or is a parameter named like a state dict or checkpoint, and
 `torch.from_numpy(np.load(...))` (`np.memmap`, `np.fromfile`, and `np.array(...)` /
 `np.asarray(...)` of such an array included), `pickle.load(...)`, and raw bytes read with
@@ -280,6 +280,24 @@ loaded value — device, shape, layout — changes.
                 return pool
             """,
             message_contains="registered on line 7",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state.pop("g_cache")
+                self.load_state_dict(state)
+            """,
+            expected_fix="""
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state.pop("g_cache").to(torch.float32)
+                self.load_state_dict(state)
+            """,
         ),
     )
 
