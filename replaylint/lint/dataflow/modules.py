@@ -141,11 +141,38 @@ def assigning_load(
     state = positional[0] if positional else keyword_arg(call, "state_dict")
     if state is None or not prov.is_loaded(state.value, site):
         return None
+    if isinstance(state.value, cst.Name) and _rewritten(site.scope, state.value.value):
+        return None  # entries replaced before the load (`sd["g_cache"] = sd["g_cache"].float()`)
     receiver = call.func.value
     if isinstance(receiver, cst.Name) and receiver.value == "self":
         owner = site.enclosing_class()
         return classes.get(owner.name.value) if owner is not None else None
     return _instance_of(prov, receiver, site, classes, 0)
+
+
+def _rewritten(scope: cst.CSTNode, name: str) -> bool:
+    """Whether ``scope`` replaces entries of the mapping ``name`` (``name[key] = x``,
+    ``name.update(...)``, ``name.setdefault(...)``)."""
+    stack: list[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.AssignTarget)
+            and isinstance(node.target, cst.Subscript)
+            and isinstance(node.target.value, cst.Name)
+            and node.target.value.value == name
+        ):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == name
+            and node.func.attr.value in {"update", "setdefault", "__setitem__"}
+        ):
+            return True
+        stack.extend(node.children)
+    return False
 
 
 def _instance_of(

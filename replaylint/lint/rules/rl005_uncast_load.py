@@ -43,8 +43,9 @@ as the module's buffers instead of copying into them (the usual way to fill a mo
 meta device), so the gate buffer takes the dtype the checkpoint was saved in. It is reported at
 the call when the checkpoint is read from disk in the function and the module is an instance of
 a class of the module that registers a gate buffer (`register_buffer` or `nn.Buffer`), unless the
-class is guarded with `replaylint.guards.keep_fp32_gate_caches`. That finding has no fix: cast
-the gate entry before loading, or load without `assign=True`.
+class is guarded with `replaylint.guards.keep_fp32_gate_caches`, or the function replaces
+entries of the loaded mapping before the call (`state["g_cache"] = state["g_cache"].float()`).
+That finding has no fix: cast the gate entry before loading, or load without `assign=True`.
 """
     FIX = (
         """\
@@ -127,6 +128,26 @@ loaded value — device, shape, layout — changes.
                 pool = StatePool(shape)
                 # copies into the float32 buffer, strict or not
                 pool.load_state_dict(torch.load(path, mmap=True), strict=False)
+                return pool
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+
+            class StatePool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def restore(path, shape):
+                with torch.device("meta"):
+                    pool = StatePool(shape)
+                state = torch.load(path, mmap=True)
+                # the gate entry is made float32 before the module adopts the loaded tensors
+                state["g_cache"] = state["g_cache"].float()
+                pool.load_state_dict(state, assign=True)
                 return pool
             """
         ),
