@@ -193,6 +193,9 @@ class Provenance:
             if tensor and all(d is not None for d in dtypes):
                 return tuple(DtypeFact(d, expr) for d in dtypes)
         if isinstance(expr, cst.Attribute):
+            held = records.field_value(self, expr.value, expr.attr.value, site, env)
+            if held is not None:  # `spec.dtype` of `spec = RingSpec("g_cache", torch.float32)`
+                return self.dtype_facts(held.value, held.site, env)
             # A class constant, field or property proves float32, or the attribute stays unknown
             # (an instance may carry another value than the class default).
             member = members.attribute_dtype(self, expr, site, env)

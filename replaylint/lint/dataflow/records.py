@@ -69,6 +69,14 @@ def _field_value(
         if binding.kind != "assign" or binding.value is None:
             return None
         return field_value(prov, binding.value, field, binding_site, env)
+    if isinstance(record, cst.Subscript):  # `SPECS[1].dtype`: that element's field
+        index = record.slice[0].slice if len(record.slice) == 1 else None
+        if not isinstance(index, cst.Index) or not isinstance(index.value, cst.Integer):
+            return None
+        element = field_value(prov, record.value, int(index.value.value, 0), site, env)
+        if element is None:
+            return None
+        return field_value(prov, element.value, field, element.site, env)
     if not isinstance(record, cst.Call):
         return None
     func = record.func
