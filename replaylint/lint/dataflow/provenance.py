@@ -90,7 +90,7 @@ class Provenance:
     index: ModuleIndex
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
-    _mappings: frozenset[str] | None = field(default=None)
+    _mappings: collisions.MappingUses | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -568,11 +568,11 @@ class Provenance:
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
 
-    def is_mapping(self, name: str) -> bool:
-        """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""
+    def is_mapping(self, name: str, site: Site | None = None) -> bool:
+        """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""
         if self._mappings is None:
-            self._mappings = collisions.mapping_names(self.index)
-        return name in self._mappings
+            self._mappings = collisions.mapping_uses(self)
+        return collisions.used_as_mapping(self._mappings, name, site)
 
     def within(self, node: cst.CSTNode, root: cst.CSTNode) -> bool:
         """Whether ``node`` is ``root`` or one of its descendants."""
