@@ -388,6 +388,21 @@ def test_a_class_constant_does_not_vouch_for_an_attribute_another_class_assigns(
             """,
             [(3, "RL001")],
         ),
+        # a dataclass whose fields do not all take a position: the arguments are not mapped
+        (
+            """
+            from dataclasses import dataclass, field
+            import torch
+            @dataclass
+            class Rings:
+                d: torch.Tensor
+                g_cache: torch.Tensor = field(init=False)
+                k: torch.Tensor = None
+            def make(shape):
+                return Rings(torch.zeros(shape), torch.zeros(shape, dtype=torch.bfloat16))
+            """,
+            [],
+        ),
         # a `*` whose length is not known hides every later position
         (
             """
