@@ -21,7 +21,7 @@ import torch
 
 def run(shape, device):
     gates = torch.zeros(shape, dtype=torch.bfloat16, device=device)
-    kda_replayssm_decode(mixed_qkv, a, b, A_log, dt_bias, 0.125, h0, d, k, gates, out)
+    kda_replayssm_decode(mixed_qkv, a, b, A_log, dt_bias, 0.125, h0, gates, k, gates, out)
 """
 BROKEN = "import torch\ndef (g_cache:\n"
 MODULE = [sys.executable, "-m", "replaylint"]

@@ -323,3 +323,99 @@ def test_a_class_constant_does_not_vouch_for_an_attribute_another_class_assigns(
             self.g_cache = torch.zeros(shape, dtype=self.dtype)
     """
     assert _check(source) == [(7, "RL002")]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # one element of a tuple a helper returns: the bf16 d ring beside it is not the gate ring
+        (
+            """
+            import torch
+            def _rings(shape):
+                return torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape)
+            def step(shape, inputs):
+                d, g = _rings(shape)
+                return replayssm_decode(*inputs, d_cache=d, g_cache=g.float())
+            """,
+            [],
+        ),
+        (
+            """
+            import torch
+            def _rings(shape):
+                return torch.zeros(shape), torch.zeros(shape, dtype=torch.bfloat16)
+            def step(shape, inputs):
+                d, g = _rings(shape)
+                return replayssm_decode(*inputs, d_cache=d, g_cache=g)
+            """,
+            [(3, "RL001"), (6, "RL007")],
+        ),
+        # `rings[1]` of a tuple literal is that element alone
+        (
+            """
+            import torch
+            def step(shape, inputs):
+                rings = (torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape))
+                return replayssm_decode(*inputs, g_cache=rings[1])
+            """,
+            [],
+        ),
+        # a dataclass field assigned anywhere in the module is not read from the construction
+        (
+            """
+            from dataclasses import dataclass
+            import torch
+            @dataclass
+            class Rings:
+                d: torch.Tensor
+                g: torch.Tensor
+            def step(shape, inputs, other):
+                rings = Rings(torch.zeros(shape), torch.zeros(shape, dtype=torch.bfloat16))
+                rings.g = other
+                return replayssm_decode(*inputs, g_cache=rings.g)
+            """,
+            [],
+        ),
+        # a later `g_cache` entry of the mapping wins over the literal's
+        (
+            """
+            import torch
+            def step(shape, inputs):
+                ring_args = {"g_cache": torch.zeros(shape, dtype=torch.bfloat16)}
+                ring_args["g_cache"] = torch.zeros(shape, dtype=torch.float32)
+                return replayssm_decode(*inputs, **ring_args)
+            """,
+            [(3, "RL001")],
+        ),
+        # a dataclass whose fields do not all take a position: the arguments are not mapped
+        (
+            """
+            from dataclasses import dataclass, field
+            import torch
+            @dataclass
+            class Rings:
+                d: torch.Tensor
+                g_cache: torch.Tensor = field(init=False)
+                k: torch.Tensor = None
+            def make(shape):
+                return Rings(torch.zeros(shape), torch.zeros(shape, dtype=torch.bfloat16))
+            """,
+            [],
+        ),
+        # a `*` whose length is not known hides every later position
+        (
+            """
+            import torch
+            def step(shape, inputs, rings):
+                g = torch.zeros(shape, dtype=torch.bfloat16)
+                return fused_replayssm_decode(*rings, g, g, g, g, g, g, g, g, g, g)
+            """,
+            [],
+        ),
+    ],
+)
+def test_entry_point_arguments_through_containers(
+    source: str, expected: list[tuple[int, str]]
+) -> None:
+    assert _check(source, "RL001", "RL007") == expected

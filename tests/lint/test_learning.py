@@ -66,6 +66,16 @@ def test_the_tenth_positional_argument_is_the_gate_cache() -> None:
     assert _learn("fused_replayssm_decode(*args, decay_ring, out)\n") == {}
 
 
+def test_a_tensor_passed_as_another_ring_too_is_not_learned() -> None:
+    # one scratch ring for the d, k and g rings: not a gate cache by name
+    call = "fused_replayssm_decode(q, a, b, A, dt, s, h0, scratch, scratch, scratch, out)\n"
+    assert _learn(call) == {}
+    assert _learn("kda_replayssm_decode(d_cache=pool.scratch, g_cache=pool.scratch)\n") == {}
+    assert _learn("kda_replayssm_decode(d_cache=pool.d_ring, g_cache=pool.decay_ring)\n") == {
+        "decay_ring": 1
+    }
+
+
 def test_generic_and_known_names_are_not_learned() -> None:
     assert "g" in TOO_GENERIC_TO_LEARN
     assert _learn("kda_replayssm_decode(g_cache=g)\nkda_replayssm_decode(g_cache=buf)\n") == {}

@@ -59,3 +59,24 @@ def test_other_uses_do_not_hide_a_gate_cache(use: str) -> None:
             return {use}
     """
     assert "RL002" in _codes(source)
+
+
+def test_a_mapping_is_the_class_of_its_uses() -> None:
+    # the graph runner's `g_cache` is a dict; the pool's, in the same module, is a ring
+    source = """
+    import torch
+    class GraphRunner:
+        def __init__(self):
+            self.g_cache = {}
+        def replay(self, bs):
+            return self.g_cache.get(bs)
+    class StatePool:
+        def __init__(self, shape):
+            self.g_cache = torch.zeros(shape, dtype=torch.bfloat16)
+    """
+    assert _codes(source) == ["RL001"]
+    # a use outside every class: the name is a mapping everywhere in the module
+    outside = (
+        textwrap.dedent(source) + "def lookup(runner, bs):\n    return runner.g_cache.get(bs)\n"
+    )
+    assert _codes(outside) == []

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import records
 from replaylint.lint.dataflow.defaults import default_dtype_detail
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
@@ -29,10 +30,10 @@ from replaylint.lint.dataflow.facts import (
     TensorFact,
 )
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.dataflow.scopes import all_params
-from replaylint.lint.dataflow.strings import Bound, Env
-from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES
-from replaylint.lint.syntax.nodes import keyword_arg, positional_args, read_names
+from replaylint.lint.dataflow.scopes import Binding, all_params
+from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env
+from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
+from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
 if TYPE_CHECKING:
@@ -43,10 +44,20 @@ _SEQUENCE_BUILDERS = frozenset({"list", "tuple", "next", "iter"})
 
 
 def callable_facts(
-    prov: Provenance, call: cst.Call, site: Site, env: Env
+    prov: Provenance, call: cst.Call, site: Site, env: Env, element: int | None = None
 ) -> tuple[TensorFact, ...] | None:
-    """The facts of ``call``'s result when it calls a callable of the module; None otherwise."""
+    """The facts of ``call``'s result when it calls a callable of the module; None otherwise.
+    With ``element``, of that element of the tuple it returns (``d, k, g = load_rings()``)."""
     func = call.func
+    if element is not None:
+        if isinstance(func, cst.Name) or (
+            isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        ):
+            found_function = called_function(prov.index, prov, call, site)
+            if found_function is not None:
+                function, scopes, bound = found_function
+                return _function(prov, function, scopes, bound, call, site, env, element)
+        return None
     names = prov.index.qualified_names(func)
     if "dataclasses.field" in names or (isinstance(func, cst.Name) and func.value == "field"):
         default = keyword_arg(call, "default")
@@ -107,6 +118,7 @@ def _function(
     call: cst.Call | None,
     site: Site,
     env: Env,
+    element: int | None = None,
 ) -> tuple[TensorFact, ...] | None:
     scope = prov.index.scope(function)
     definition_site = Site(scopes[:-1], function)
@@ -117,7 +129,7 @@ def _function(
     if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env):
         return None  # a parameter rebound in the body: its argument is not what the body reads
     values = _yields(function)
-    if values is None:
+    if values is None or (values and element is not None):
         return None
     # a generator's call makes no tensor: the cast of its result is no fix
     result = None if values else call
@@ -132,7 +144,14 @@ def _function(
     parameters = {p.name.value for p in all_params(function.params)}
     facts: list[TensorFact] = []
     for value, statement in values:
-        for fact in prov.tensor_facts(value, Site(scopes, statement), bound_env):
+        where = Site(scopes, statement)
+        if element is not None:
+            returned = records.field_value(prov, value, element, where, bound_env)
+            if returned is None:
+                return None  # a return whose element is not known
+            value, where = returned.value, returned.site
+            result = None  # the cast of one element is no cast of the call
+        for fact in prov.tensor_facts(value, where, bound_env):
             if fact.kind in {Kind.EXPLICIT, Kind.VARIABLE} and (
                 _takes_parameter(fact, parameters)
                 or any(
@@ -320,3 +339,46 @@ def _yields(function: cst.FunctionDef) -> list[tuple[cst.BaseExpression, cst.CST
 
 class _YieldFrom(Exception):
     pass
+
+
+# tensor methods whose result unpacks into parts of the receiver's dtype
+_SPLITTING_METHODS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
+
+
+def element_binding_facts(
+    prov: Provenance, binding: Binding, site: Site, env: Env
+) -> tuple[TensorFact, ...] | None:
+    """What a name bound to one element of a value holds: ``d, k, g = value`` (that element),
+    ``for ring in rings`` (any element of ``rings``: a list, a comprehension, a generator of the
+    module, rows of a tensor); None when not followed."""
+    if binding.kind == "assign":
+        unpacked = records.unpacked(binding)
+        if unpacked is None:
+            return None
+        return element_facts(prov, unpacked[0], unpacked[1], site, env)
+    loop = binding.statement
+    if binding.kind != "loop" or not isinstance(loop, cst.For) or loop.target is not binding.node:
+        return None
+    facts = prov.tensor_facts(loop.iter, site, env)
+    # what a fix would change is the iterable, which may hold more than this element
+    return tuple(replace(f, target=None) for f in facts)
+
+
+def element_facts(
+    prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env = NO_ENV
+) -> tuple[TensorFact, ...] | None:
+    """The facts of element ``position`` of ``value`` (``d, k, g = value``); None when the
+    element is not known."""
+    held = records.field_value(prov, value, position, site, env)
+    if held is not None:
+        return prov.tensor_facts(held.value, held.site, env)
+    if not isinstance(value, cst.Call):
+        return None
+    returned = callable_facts(prov, value, site, env, element=position)
+    if returned is not None:
+        return returned
+    method = method_name(value)
+    if prov.index.qualified_names(value.func) & TORCH_LOADERS or method in _SPLITTING_METHODS:
+        # every part has the whole's dtype; a cast of the whole is no fix of one part
+        return tuple(replace(f, target=None) for f in prov.tensor_facts(value, site, env))
+    return None

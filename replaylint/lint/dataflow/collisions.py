@@ -5,16 +5,29 @@ read with ``self.g_cache.get(batch)`` and emptied with ``self.g_cache.clear()``.
 ``get``, ``clear``, ``keys``, ``items``, ``setdefault`` or ``move_to_end``, so a singular gate-cache
 name the module calls one of those on is a mapping, not a ring, and its bindings are not gate
 caches. Plural names (``g_caches``) are collections of rings by name, and keep being checked.
+
+The mapping is the class's own: a module whose ``GraphRunner`` keeps compiled graphs in
+``self.g_cache`` may hold a ``KDAStatePool`` whose ``self.g_cache`` is a ring, so a binding in a
+class is a mapping's only when that class (or code outside every class) uses the name as one.
 """
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.syntax.nodes import binding_name, literal_string, positional_args
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+MappingUses = dict[str, frozenset[int] | None]
+"""Per gate-cache name used as a mapping, the ``id`` of each class that uses it so; None when
+code outside every class does."""
 
 # methods of dicts (and ordered, default, weak dicts) that no tensor has (`values()` is also a
 # sparse tensor's)
@@ -63,3 +76,33 @@ def _mapping_names_in_text(source: str, index: ModuleIndex) -> frozenset[str]:
         if key is None or not names.matches(key):
             found.add(name)
     return frozenset(found)
+
+
+def mapping_uses(prov: Provenance) -> MappingUses:
+    """Where the module uses each of its mapping names (see :data:`MappingUses`)."""
+    names = mapping_names(prov.index)
+    if not names:
+        return {}
+    uses: dict[str, set[int] | None] = {name: set() for name in names}
+    classes = prov.index.classes()
+    for method in sorted(MAPPING_METHODS):
+        for call in prov.index.calls_named(method):
+            func = call.func
+            name = binding_name(func.value) if isinstance(func, cst.Attribute) else None
+            if name not in uses:
+                continue
+            owners = {id(cls) for cls in classes if prov.within(call, cls)}
+            known = uses[name]
+            uses[name] = None if not owners or known is None else known | owners
+    return {name: None if found is None else frozenset(found) for name, found in uses.items()}
+
+
+def used_as_mapping(uses: MappingUses, name: str, site: Site | None) -> bool:
+    """Whether a binding of ``name`` at ``site`` is one of a mapping (see the module docstring)."""
+    if name not in uses:
+        return False
+    classes = uses[name]
+    owners = (
+        {id(scope) for scope in site.scopes if isinstance(scope, cst.ClassDef)} if site else set()
+    )
+    return classes is None or not owners or bool(owners & classes)

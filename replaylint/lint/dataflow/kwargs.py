@@ -1,4 +1,5 @@
-"""What ``dtype`` a ``**kwargs`` mapping passes to an allocation.
+"""What ``dtype`` a ``**kwargs`` mapping passes to an allocation (or any other keyword, such as
+the ``g_cache`` a mapping passes to a decode entry point).
 
 ``torch.zeros(shape, **factory_kwargs)`` gets its dtype from the mapping, and real code builds that
 mapping in many ways: a dict literal (``{"device": d, "dtype": t}``), ``dict(...)``, spreads where a
@@ -41,31 +42,40 @@ KwargsDtype = DtypeEntries | Literal["absent", "unknown"]
 _READ_METHODS = frozenset({"get", "keys", "values", "items", "copy", "__contains__"})
 
 
-def kwargs_dtype(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> KwargsDtype:
-    """The ``dtype`` that ``**expr`` passes (see the module docstring)."""
+def kwargs_dtype(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env, key: str = "dtype"
+) -> KwargsDtype:
+    """The ``key`` entry (``dtype`` unless told) that ``**expr`` passes (see the module
+    docstring)."""
     if not prov.enter():
         return UNKNOWN
     try:
-        return _kwargs_dtype(prov, expr, site, env)
+        return _kwargs_dtype(prov, expr, site, env, key)
     finally:
         prov.leave()
 
 
 def spreads_dtype(
-    prov: Provenance, spreads: Sequence[cst.BaseExpression], site: Site, env: Env
+    prov: Provenance,
+    spreads: Sequence[cst.BaseExpression],
+    site: Site,
+    env: Env,
+    key: str = "dtype",
 ) -> KwargsDtype:
-    """The ``dtype`` that ``f(**a, **b)`` passes: the last spread that surely sets one wins."""
+    """The ``key`` entry that ``f(**a, **b)`` passes: the last spread that surely sets one wins."""
     state: KwargsDtype = ABSENT
     for spread in spreads:
-        state = _merge(state, kwargs_dtype(prov, spread, site, env))
+        state = _merge(state, kwargs_dtype(prov, spread, site, env, key))
     return state
 
 
-def _kwargs_dtype(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> KwargsDtype:
+def _kwargs_dtype(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env, key: str
+) -> KwargsDtype:
     if isinstance(expr, cst.Dict):
-        return _dict_literal(prov, expr, site, env)
+        return _dict_literal(prov, expr, site, env, key)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "dict":
-        return _dict_call(prov, expr, site, env)
+        return _dict_call(prov, expr, site, env, key)
     if not isinstance(expr, cst.Name):
         return UNKNOWN
     found = prov.lookup(expr.value, site, env)
@@ -74,13 +84,15 @@ def _kwargs_dtype(prov: Provenance, expr: cst.BaseExpression, site: Site, env: E
     binding, binding_site = found[0]
     if binding.kind != "assign" or binding.value is None or binding.scope is None:
         return UNKNOWN
-    state = _kwargs_dtype(prov, binding.value, binding_site, env)
+    state = _kwargs_dtype(prov, binding.value, binding_site, env, key)
     scope = prov.index.scope(binding.scope)
     use = scope.statements.get(id(site.statement)) if site.statement is not None else None
-    for value, statement in _mutations(binding.scope, expr.value, binding.node):
+    for value, statement in _mutations(binding.scope, expr.value, binding.node, key):
         if value is None:
             return UNKNOWN
-        written = DtypeEntries(((value, binding_site),))
+        # read where it is written: a name in the value may be rebound between
+        written_at = Site(binding_site.scopes, statement) if statement is not None else binding_site
+        written = DtypeEntries(((value, written_at),))
         where = scope.statements.get(id(statement)) if statement is not None else None
         if where is None or use is None:
             state = _either(state, written)
@@ -107,35 +119,37 @@ def _either(first: KwargsDtype, second: DtypeEntries) -> KwargsDtype:
     return DtypeEntries((*first.values, *second.values))
 
 
-def _dict_literal(prov: Provenance, mapping: cst.Dict, site: Site, env: Env) -> KwargsDtype:
+def _dict_literal(
+    prov: Provenance, mapping: cst.Dict, site: Site, env: Env, key: str
+) -> KwargsDtype:
     state: KwargsDtype = ABSENT
     for element in mapping.elements:
         if not isinstance(element, cst.DictElement):
-            state = _merge(state, kwargs_dtype(prov, element.value, site, env))
+            state = _merge(state, kwargs_dtype(prov, element.value, site, env, key))
             continue
-        key = literal_string(element.key)
-        if key is None:
-            state = UNKNOWN  # a computed key may be "dtype"
-        elif key == "dtype":
+        written = literal_string(element.key)
+        if written is None:
+            state = UNKNOWN  # a computed key may be `key`
+        elif written == key:
             state = DtypeEntries(((element.value, site),))
     return state
 
 
-def _dict_call(prov: Provenance, call: cst.Call, site: Site, env: Env) -> KwargsDtype:
+def _dict_call(prov: Provenance, call: cst.Call, site: Site, env: Env, key: str) -> KwargsDtype:
     state: KwargsDtype = ABSENT
     positional = positional_args(call)
     if len(positional) > 1:
         return UNKNOWN
     if positional:
-        state = kwargs_dtype(prov, positional[0].value, site, env)
+        state = kwargs_dtype(prov, positional[0].value, site, env, key)
     for arg in call.args:
         if arg.star == "**":
-            state = _merge(state, kwargs_dtype(prov, arg.value, site, env))
+            state = _merge(state, kwargs_dtype(prov, arg.value, site, env, key))
         elif arg.star == "*":
             return UNKNOWN
-    dtype = keyword_arg(call, "dtype")
-    if dtype is not None:
-        state = DtypeEntries(((dtype.value, site),))
+    entry = keyword_arg(call, key)
+    if entry is not None:
+        state = DtypeEntries(((entry.value, site),))
     return state
 
 
@@ -143,12 +157,15 @@ Mutation = tuple[cst.BaseExpression | None, cst.CSTNode | None]
 """A ``dtype`` written into a mapping (None: a change not followed) and the statement doing it."""
 
 
-def _mutations(scope: cst.CSTNode, name: str, binding_target: cst.CSTNode) -> Iterator[Mutation]:
-    """Each ``dtype`` written into the mapping ``name`` in ``scope``, with its statement; a value
-    of None for a use that may change it in ways not followed (passed on, ``pop``, ``del``)."""
+def _mutations(
+    scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str
+) -> Iterator[Mutation]:
+    """Each ``key`` entry written into the mapping ``name`` in ``scope``, with its statement; a
+    value of None for a use that may change it in ways not followed (passed on, ``pop``,
+    ``del``)."""
     for use, parents in _uses(scope, name):
         statement = next((p for p in reversed(parents) if isinstance(p, _STATEMENTS)), None)
-        for value in _written(use, parents, binding_target):
+        for value in _written(use, parents, binding_target, key):
             yield value, statement
 
 
@@ -156,9 +173,9 @@ _STATEMENTS = (cst.SimpleStatementLine, cst.SimpleStatementSuite)
 
 
 def _written(
-    use: cst.Name, parents: tuple[cst.CSTNode, ...], binding_target: cst.CSTNode
+    use: cst.Name, parents: tuple[cst.CSTNode, ...], binding_target: cst.CSTNode, key: str
 ) -> Iterator[cst.BaseExpression | None]:
-    """The ``dtype`` values one use of the mapping writes (none for a read; None for a change
+    """The ``key`` values one use of the mapping writes (none for a read; None for a change
     not followed)."""
     if use is binding_target:
         return
@@ -169,14 +186,14 @@ def _written(
     if isinstance(parent, cst.ComparisonTarget):
         return  # "dtype" in kw
     if isinstance(parent, cst.Subscript) and parent.value is use:
-        key = _subscript_string(parent)
+        written = _subscript_string(parent)
         if isinstance(grand, cst.AssignTarget):
             assign = parents[-3] if len(parents) > 2 else None
-            if key is None:
+            if written is None:
                 yield None
-            elif key == "dtype":
+            elif written == key:
                 yield assign.value if isinstance(assign, cst.Assign) else None
-        elif isinstance(grand, (cst.Del, cst.AugAssign)) and key in {None, "dtype"}:
+        elif isinstance(grand, (cst.Del, cst.AugAssign)) and written in {None, key}:
             yield None
         return  # otherwise a read: kw["device"]
     if isinstance(parent, cst.Attribute) and parent.value is use:
@@ -186,14 +203,14 @@ def _written(
         if method in _READ_METHODS:
             return
         if method == "update":
-            yield from _update_entries(grand)
+            yield from _update_entries(grand, key)
             return
         if method == "setdefault":
             args = positional_args(grand)
-            key = literal_string(args[0].value) if args else None
-            if key == "dtype" and len(args) == 2:
+            written = literal_string(args[0].value) if args else None
+            if written == key and len(args) == 2:
                 yield args[1].value
-            elif key is None or key == "dtype":
+            elif written is None or written == key:
                 yield None
             return
         yield None  # pop, popitem, clear, or a method we do not know
@@ -201,20 +218,20 @@ def _written(
     yield None  # passed on, returned, aliased: may be changed out of sight
 
 
-def _update_entries(call: cst.Call) -> Iterator[cst.BaseExpression | None]:
+def _update_entries(call: cst.Call, key: str) -> Iterator[cst.BaseExpression | None]:
     for arg in call.args:
         if arg.keyword is not None:
-            if arg.keyword.value == "dtype":
+            if arg.keyword.value == key:
                 yield arg.value
         elif arg.star == "" and isinstance(arg.value, cst.Dict):
             for element in arg.value.elements:
                 if not isinstance(element, cst.DictElement):
                     yield None
                     continue
-                key = literal_string(element.key)
-                if key is None:
+                written = literal_string(element.key)
+                if written is None:
                     yield None
-                elif key == "dtype":
+                elif written == key:
                     yield element.value
         else:
             yield None

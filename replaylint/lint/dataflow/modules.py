@@ -4,8 +4,13 @@
 parameter and buffer of the module, so a gate cache registered as a float32 buffer turns bf16
 when the model is moved "to the model dtype" — the most common way a correct buffer goes wrong.
 :func:`gate_buffer_classes` finds the module's classes that register a floating gate buffer
-(directly or through a base class of the module), and :func:`module_cast` says whether a call
-casts an instance of one of them.
+(directly or through a base class of the module; ``register_buffer`` or ``self.g_cache =
+nn.Buffer(...)``), and :func:`module_cast` says whether a call casts an instance of one of them.
+:func:`assigning_load` finds the other way: ``load_state_dict(checkpoint, assign=True)`` keeps
+the loaded tensors instead of copying them into the buffers, so the gate buffer takes the dtype
+the checkpoint was saved in. (Without ``assign``, loading copies into each buffer and keeps its
+dtype: a float32 gate buffer stays float32, a bf16 one rounds the loaded values; that buffer is
+reported where it is registered.)
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import libcst as cst
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind
 from replaylint.lint.dataflow.torch_api import CAST_METHODS, FLOAT32, NON_FLOATING_DTYPES
+from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.syntax.nodes import (
+    binding_name,
     dotted_name,
     keyword_arg,
-    literal_string,
     method_name,
     positional_args,
 )
@@ -56,15 +62,22 @@ class ModuleCast:
     dtypes: tuple[DtypeFact, ...]
 
 
-# `register_buffer("<name>"` or `register_buffer(f"..."`, read from the module's text
-_REGISTERED = re.compile(r"register_buffer\s*\(\s*[fFrR]?(['\"])(.*?)\1")
+# `register_buffer("<name>"` or `register_buffer(f"..."`, and `self.<name> = nn.Buffer(`, read
+# from the module's text
+_REGISTERED = re.compile(
+    r"register_buffer\s*\(\s*[fFrR]?(['\"])(?P<registered>.*?)\1"
+    r"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
+)
+_BUFFER_CLASSES = frozenset({"torch.nn.Buffer", "torch.nn.parameter.Buffer"})
 
 
 def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
     """Classes of the module, by name, that hold a floating gate buffer and are not guarded."""
     source = prov.index.source
     if source is not None and not any(
-        prov.index.gate_caches.matches(re.sub(r"\{[^}]*\}", "0", match.group(2)))
+        prov.index.gate_caches.matches(
+            re.sub(r"\{[^}]*\}", "0", match.group("registered") or match.group("assigned"))
+        )
         for match in _REGISTERED.finditer(source)
     ):
         return {}  # no gate buffer registered by name: no class to walk
@@ -112,6 +125,56 @@ def module_cast(
     return None if buffer is None else ModuleCast(call, buffer, dtypes)
 
 
+def assigning_load(
+    prov: Provenance, call: cst.Call, site: Site, classes: dict[str, GateBuffer]
+) -> GateBuffer | None:
+    """The gate buffer of ``module.load_state_dict(state, assign=True)`` when ``module`` is an
+    instance of one of ``classes`` and ``state`` is read from disk: with ``assign=True`` the
+    module keeps the loaded tensors, in the dtype they were saved with, instead of copying them
+    into its buffers (which keeps each buffer's dtype)."""
+    if method_name(call) != "load_state_dict" or not isinstance(call.func, cst.Attribute):
+        return None
+    assign = keyword_arg(call, "assign")
+    if assign is None or not (isinstance(assign.value, cst.Name) and assign.value.value == "True"):
+        return None
+    positional = positional_args(call)
+    state = positional[0] if positional else keyword_arg(call, "state_dict")
+    if state is None or not prov.is_loaded(state.value, site):
+        return None
+    if isinstance(state.value, cst.Name) and _rewritten(site.scope, state.value.value):
+        return None  # entries replaced before the load (`sd["g_cache"] = sd["g_cache"].float()`)
+    receiver = call.func.value
+    if isinstance(receiver, cst.Name) and receiver.value == "self":
+        owner = site.enclosing_class()
+        return classes.get(owner.name.value) if owner is not None else None
+    return _instance_of(prov, receiver, site, classes, 0)
+
+
+def _rewritten(scope: cst.CSTNode, name: str) -> bool:
+    """Whether ``scope`` replaces entries of the mapping ``name`` (``name[key] = x``,
+    ``name.update(...)``, ``name.setdefault(...)``)."""
+    stack: list[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.AssignTarget)
+            and isinstance(node.target, cst.Subscript)
+            and isinstance(node.target.value, cst.Name)
+            and node.target.value.value == name
+        ):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == name
+            and node.func.attr.value in {"update", "setdefault", "__setitem__"}
+        ):
+            return True
+        stack.extend(node.children)
+    return False
+
+
 def _instance_of(
     prov: Provenance,
     expr: cst.BaseExpression,
@@ -148,14 +211,31 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
             continue
         if isinstance(node, cst.Call) and method_name(node) == "register_buffer":
             args = positional_args(node)
-            key = literal_string(args[0].value) if args else None
+            key = static_name(args[0].value) if args else None
             if (
                 key is not None
                 and prov.index.gate_caches.matches(key)
                 and len(args) >= 2
                 and _floating(prov, cls, args[1].value)
             ):
+                if isinstance(args[0].value, cst.FormattedString):  # named as written
+                    key = prov.index.module.code_for_node(args[0].value)
                 return GateBuffer(cls, key, node)
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            # `self.g_cache = nn.Buffer(torch.zeros(...))`
+            buffer = node.value
+            args = positional_args(buffer)
+            for target in node.targets:
+                name = binding_name(target.target)
+                if (
+                    name is not None
+                    and isinstance(target.target, cst.Attribute)
+                    and prov.index.gate_caches.matches(name)
+                    and prov.index.qualified_names(buffer.func) & _BUFFER_CLASSES
+                    and args
+                    and _floating(prov, cls, args[0].value)
+                ):
+                    return GateBuffer(cls, name, node)
         stack.extend(reversed(node.children))
     return None
 

@@ -36,6 +36,7 @@ from replaylint.lint.dataflow import (
     loads,
     members,
     operators,
+    records,
     strings,
 )
 from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, method_receiver
@@ -89,7 +90,7 @@ class Provenance:
     index: ModuleIndex
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
-    _mappings: frozenset[str] | None = field(default=None)
+    _mappings: collisions.MappingUses | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -192,6 +193,9 @@ class Provenance:
             if tensor and all(d is not None for d in dtypes):
                 return tuple(DtypeFact(d, expr) for d in dtypes)
         if isinstance(expr, cst.Attribute):
+            held = records.field_value(self, expr.value, expr.attr.value, site, env)
+            if held is not None:  # `spec.dtype` of `spec = RingSpec("g_cache", torch.float32)`
+                return self.dtype_facts(held.value, held.site, env)
             # A class constant, field or property proves float32, or the attribute stays unknown
             # (an instance may carry another value than the class default).
             member = members.attribute_dtype(self, expr, site, env)
@@ -249,9 +253,15 @@ class Provenance:
             yield from self._name_facts(expr, site, env)
             return
         if isinstance(expr, cst.Attribute):
+            gate = self.index.gate_caches.matches(expr.attr.value)
+            held = records.field_value(self, expr.value, expr.attr.value, site, env)
             if expr.attr.value in DTYPE_PRESERVING_ATTRIBUTES:
                 yield from self.tensor_facts(expr.value, site, env)
-            elif self.index.gate_caches.matches(expr.attr.value):
+            elif held is not None and not (gate and held.passed != "positional"):
+                # `rings.g` of `rings = Rings(d, k, g16)`; a gate-cache field given by keyword
+                # or by its default is a binding of its own, checked there
+                yield from self.tensor_facts(held.value, held.site, env)
+            elif gate:
                 yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
             else:
                 yield TensorFact(Kind.UNKNOWN, expr)
@@ -280,24 +290,32 @@ class Provenance:
         yield TensorFact(Kind.UNKNOWN, expr)
 
     def _name_facts(self, expr: cst.Name, site: Site, env: Env) -> Iterator[TensorFact]:
-        found = self.lookup(expr.value, site, env)
+        found = self.lookup(expr.value, site, env) or []
         assigned = [
-            (b, s) for b, s in (found or ()) if b.kind in {"assign", "with"} and b.value is not None
+            (binding, facts)
+            for binding, binding_site in found
+            if (facts := self._bound_facts(binding, binding_site, env)) is not None
         ]
         if found and len(assigned) == len(found):
-            for binding, binding_site in assigned:
-                assert binding.value is not None
-                for fact in self.tensor_facts(binding.value, binding_site, env):
+            for binding, facts in assigned:
+                for fact in facts:
                     yield fact.followed(binding, expr)
             return
         if self.index.gate_caches.matches(expr.value):
             yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
             return
-        for binding, binding_site in assigned:
-            assert binding.value is not None
-            for fact in self.tensor_facts(binding.value, binding_site, env):
+        for binding, facts in assigned:
+            for fact in facts:
                 yield fact.followed(binding, expr)
         yield TensorFact(Kind.UNKNOWN, expr)
+
+    def _bound_facts(
+        self, binding: Binding, binding_site: Site, env: Env
+    ) -> tuple[TensorFact, ...] | None:
+        """A local binding's value's facts (for ``d, k, g = value``, its element's); or None."""
+        if binding.kind in {"assign", "with"} and binding.value is not None:
+            return self.tensor_facts(binding.value, binding_site, env)
+        return callables.element_binding_facts(self, binding, binding_site, env)
 
     def _subscript_facts(self, expr: cst.Subscript, site: Site, env: Env) -> Iterator[TensorFact]:
         key = self._subscript_key(expr, site, env)
@@ -315,6 +333,13 @@ class Provenance:
             else:
                 yield TensorFact(Kind.UNKNOWN, expr)
             return
+        index = expr.slice[0].slice if len(expr.slice) == 1 else None
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
+            # `rings[2]` of a tuple or NamedTuple built here: that element alone
+            held = records.field_value(self, expr.value, int(index.value.value, 0), site, env)
+            if held is not None:
+                yield from self.tensor_facts(held.value, held.site, env)
+                return
         # Indexing or slicing a tensor keeps its dtype.
         yield from self.tensor_facts(expr.value, site, env)
 
@@ -431,7 +456,7 @@ class Provenance:
                 target=CastValue(call),
             )
             return
-        if method == "get" and positional_args(call):
+        if method in {"get", "pop"} and positional_args(call):  # a mapping's entry
             if loads.is_loaded(self, receiver, site, env):
                 detail = loads.describe_load(self.index, receiver)
                 yield TensorFact(
@@ -543,11 +568,11 @@ class Provenance:
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
 
-    def is_mapping(self, name: str) -> bool:
-        """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""
+    def is_mapping(self, name: str, site: Site | None = None) -> bool:
+        """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""
         if self._mappings is None:
-            self._mappings = collisions.mapping_names(self.index)
-        return name in self._mappings
+            self._mappings = collisions.mapping_uses(self)
+        return collisions.used_as_mapping(self._mappings, name, site)
 
     def within(self, node: cst.CSTNode, root: cst.CSTNode) -> bool:
         """Whether ``node`` is ``root`` or one of its descendants."""

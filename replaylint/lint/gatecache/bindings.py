@@ -23,6 +23,7 @@ from replaylint.lint.syntax.nodes import (
     one_line,
     positional_args,
     read_names,
+    record_fields,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import Visitor
@@ -43,6 +44,9 @@ class GateCacheBinding:
     shared_with: tuple[str, ...] = ()
     """Other targets that receive the same value (``d_cache = g_cache = torch.zeros(...)``):
     changing the value's dtype would change theirs too."""
+    element: int | None = None
+    """Set when the gate cache is one element of ``value``: ``d_cache, k_cache, g_cache =
+    load_rings(path)`` binds element 2."""
 
 
 BindingReceiver = Callable[[GateCacheBinding], None]
@@ -64,6 +68,7 @@ class BindingWalker(Visitor):
         self._scopes: list[ScopeNode] = [module]
         self._statements: list[cst.CSTNode] = []
         self._walrus_shared: dict[int, tuple[str, ...]] = {}
+        self._record_fields: dict[str, list[str]] | None = None
 
     def site(self) -> Site:
         """Where the traversal is: the enclosing scopes and the innermost statement."""
@@ -146,13 +151,14 @@ class BindingWalker(Visitor):
         self._statements.pop()
 
     def _loop_variable_in(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` reads a variable of an enclosing ``for`` loop (or comprehension)."""
+        """Whether ``node`` reads a variable of an enclosing ``for`` loop that may hold a name
+        (a counter of ``range`` or ``enumerate`` only numbers it: ``f"g_cache_{i}"``)."""
         read = {name.value for name in read_names(node)}
         for statement in self._statements:
-            if isinstance(statement, cst.For) and read & {
-                name.value for name in read_names(statement.target)
-            }:
-                return True
+            if isinstance(statement, cst.For):
+                variables = {name.value for name in read_names(statement.target)}
+                if read & (variables - _counters(statement)):
+                    return True
         return False
 
     # ----------------------------------------------------------------- binding spellings
@@ -171,6 +177,17 @@ class BindingWalker(Visitor):
             ):
                 for sub_target, sub_value in zip(targets, values, strict=True):
                     self._bind(sub_target, sub_value, stmt)
+            return
+        if isinstance(target, (cst.Tuple, cst.List)):
+            if any(isinstance(e, cst.StarredElement) for e in target.elements):
+                return
+            for position, element in enumerate(target.elements):
+                name = binding_name(element.value)
+                if name is not None and self.names.matches(name):
+                    display = self.module.code_for_node(element.value).strip()
+                    self._found(
+                        GateCacheBinding(name, display, value, stmt, self.site(), element=position)
+                    )
             return
         name = binding_name(target)
         if (
@@ -264,8 +281,15 @@ class BindingWalker(Visitor):
                 self._found(
                     GateCacheBinding(arg.keyword.value, display, arg.value, node, self.site())
                 )
-        method = method_name(node)
         positional = positional_args(node)
+        fields = self._fields_of(node.func)
+        if fields is not None and not any(arg.star for arg in node.args):
+            # `KDALayerState(d, k, g)`: a NamedTuple or dataclass of the module, built in order
+            for field, arg in zip(fields, positional, strict=False):
+                if self.names.matches(field):
+                    display = f"{field}={one_line(self.module, arg.value, 40)}"
+                    self._found(GateCacheBinding(field, display, arg.value, node, self.site()))
+        method = method_name(node)
         if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
             # `self.g_caches.append(ring)`: the element becomes a gate cache
             assert isinstance(node.func, cst.Attribute)
@@ -292,6 +316,19 @@ class BindingWalker(Visitor):
             )
             self._found(GateCacheBinding(key, display, value, node, self.site()))
 
+    def _fields_of(self, func: cst.BaseExpression) -> list[str] | None:
+        """The fields, in order, of the module-level record class ``func`` names."""
+        if not isinstance(func, cst.Name):
+            return None
+        if self._record_fields is None:
+            self._record_fields = {}
+            for statement in self.module.body:
+                if isinstance(statement, cst.ClassDef):
+                    fields = record_fields(statement)
+                    if fields is not None:
+                        self._record_fields[statement.name.value] = [name for name, _ in fields]
+        return self._record_fields.get(func.value)
+
 
 # methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
 _KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
@@ -309,6 +346,24 @@ def static_name(node: cst.BaseExpression) -> str | None:
             parts.append(part.value if isinstance(part, cst.FormattedStringText) else "0")
         return "".join(parts)
     return literal_string(node)
+
+
+def _counters(loop: cst.For) -> set[str]:
+    """The loop variables that hold integers: ``for i in range(n)``, ``for i, x in
+    enumerate(xs)``."""
+    iterable, target = loop.iter, loop.target
+    if not isinstance(iterable, cst.Call) or not isinstance(iterable.func, cst.Name):
+        return set()
+    if iterable.func.value == "range" and isinstance(target, cst.Name):
+        return {target.value}
+    if (
+        iterable.func.value == "enumerate"
+        and isinstance(target, cst.Tuple)
+        and target.elements
+        and isinstance(target.elements[0].value, cst.Name)
+    ):
+        return {target.elements[0].value.value}
+    return set()
 
 
 def _is_setattr(func: cst.BaseExpression) -> bool:

@@ -97,7 +97,12 @@ def _names_in(
                 continue
             argument = _gate_argument(node, entry_point)
             name = None if argument is None else _name_of(argument)
-            if name is not None:
+            # a tensor the call also passes as another argument (one scratch ring for the d, k
+            # and g rings) is no gate cache by name: a fix of it would change the others too
+            others = [*node.args, *(keyword.value for keyword in node.keywords)]
+            if name is not None and not any(
+                other is not argument and _name_of(other) == name for other in others
+            ):
                 yield name, LearnedFrom(filename, node.lineno, written)
             break
 

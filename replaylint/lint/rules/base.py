@@ -19,6 +19,7 @@ from typing import ClassVar
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.callables import element_facts
 from replaylint.lint.dataflow.facts import CastValue, Float32Target, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.fixes.drafts import FixDraft
@@ -128,8 +129,11 @@ class Rule(Visitor):
     def facts(self, binding: GateCacheBinding) -> tuple[TensorFact, ...]:
         """How the value bound to the gate cache got its dtype, one fact per way; none when the
         module uses the name as a mapping (a compiled-graph cache named like a gate cache)."""
-        if self.provenance.is_mapping(binding.name):
+        if self.provenance.is_mapping(binding.name, binding.site):
             return ()
+        if binding.element is not None:
+            facts = element_facts(self.provenance, binding.value, binding.element, binding.site)
+            return facts or ()
         return self.provenance.tensor_facts(binding.value, binding.site)
 
     def subject(self, binding: GateCacheBinding) -> str:
@@ -159,10 +163,17 @@ class Rule(Visitor):
         """
         if self.withheld(binding, fact):
             return None
+        casts_the_value = bool(fact.via) and not all(
+            self.context.index.read_once(b) for b in fact.via
+        )
+        if binding.element is not None and (
+            casts_the_value or (isinstance(target, CastValue) and target.node is binding.value)
+        ):
+            return None  # the value holds more than the gate cache: a cast of it is no fix
         spelling = self.context.spelling
         site = binding.site
         made: Float32Edits | None
-        if fact.via and not all(self.context.index.read_once(b) for b in fact.via):
+        if casts_the_value:
             made = spelling.cast_at(binding.value, site)
             message = "Cast it to {float32} where it becomes the gate cache"
             applicability = Applicability.UNSAFE

@@ -39,8 +39,14 @@ yields) the allocation, `functools.partial(torch.zeros, dtype=...)` and lambda a
 dataclass fields `field(default_factory=...)`. A gate cache is recognised in every binding form:
 `self.g_caches.append(...)`, `self.g_caches += [...]`, `caches.setdefault("g_cache", ...)` and
 `object.__setattr__(self, "g_cache", ...)`, parameter defaults (`def __init__(self,
-g_cache=torch.zeros(...))`), `self.g_caches[layer] = ...` on a list of rings, and f-string buffer
-names outside a loop over names (`register_buffer(f"layer{i}_g_cache", ...)`) included.
+g_cache=torch.zeros(...))`), `self.g_caches[layer] = ...` on a list of rings, f-string buffer
+names outside a loop over names or numbered by a `range`/`enumerate` counter
+(`register_buffer(f"layer{i}_g_cache", ...)`), a NamedTuple or dataclass of the module built in
+field order (`KDALayerState(d, k, torch.zeros(...))`), and one element of a tuple
+(`self.d_cache, self.g_cache = self._rings(shape)`, where only that element is read) included.
+The rings a loop takes from a generator or a list of the module (`for ring in self._rings():
+self.g_caches.append(ring)`) are followed too; that finding has no fix, since the iterable may
+hold more than the gate rings.
 """
     FIX = (
         """\
@@ -137,6 +143,19 @@ reader of the cache either expects float32 or casts.
                 def _rings(self, shape):
                     for _ in range(2):
                         yield torch.empty(shape, dtype=torch.float32)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            class LinearAttnCache:
+                def _rings(self, shape, dtype):
+                    # the d ring follows the model dtype; the gate ring, unpacked second, is fp32
+                    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=torch.float32)
+
+                def __init__(self, shape):
+                    self.d_cache, self.g_cache = self._rings(shape, torch.bfloat16)
             """
         ),
     )
@@ -373,6 +392,107 @@ reader of the cache either expects float32 or casts.
                     super().__init__()
                     self.register_buffer(f"layer{layer}_g_cache", torch.zeros(shape, dtype=torch.float32))
             """,
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class LayerRings(nn.Module):
+                def __init__(self, layers, shape):
+                    super().__init__()
+                    for i in range(layers):
+                        # a counter only numbers the name: every iteration is a gate buffer
+                        self.register_buffer(f"layer{i}_g_cache", torch.zeros(shape, dtype=torch.bfloat16))
+            """,
+            expected_fix="""
+            import torch
+            from torch import nn
+
+            class LayerRings(nn.Module):
+                def __init__(self, layers, shape):
+                    super().__init__()
+                    for i in range(layers):
+                        # a counter only numbers the name: every iteration is a gate buffer
+                        self.register_buffer(f"layer{i}_g_cache", torch.zeros(shape, dtype=torch.float32))
+            """,
+        ),
+        Invalid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class KDALayerState(NamedTuple):
+                d_cache: torch.Tensor
+                k_cache: torch.Tensor
+                g_cache: torch.Tensor
+
+            def layer_state(shape, dtype):
+                # built in field order: the third argument is the gate ring
+                return KDALayerState(
+                    torch.zeros(shape, dtype=dtype),
+                    torch.zeros(shape, dtype=dtype),
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                )
+            """,
+            expected_fix="""
+            from typing import NamedTuple
+
+            import torch
+
+            class KDALayerState(NamedTuple):
+                d_cache: torch.Tensor
+                k_cache: torch.Tensor
+                g_cache: torch.Tensor
+
+            def layer_state(shape, dtype):
+                # built in field order: the third argument is the gate ring
+                return KDALayerState(
+                    torch.zeros(shape, dtype=dtype),
+                    torch.zeros(shape, dtype=dtype),
+                    torch.zeros(shape, dtype=torch.float32),
+                )
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            class LinearAttnCache:
+                def _rings(self, shape):
+                    return torch.zeros(shape), torch.zeros(shape, dtype=torch.bfloat16)
+
+                def __init__(self, shape):
+                    self.d_cache, self.g_cache = self._rings(shape)
+            """,
+            expected_fix="""
+            import torch
+
+            class LinearAttnCache:
+                def _rings(self, shape):
+                    return torch.zeros(shape), torch.zeros(shape, dtype=torch.float32)
+
+                def __init__(self, shape):
+                    self.d_cache, self.g_cache = self._rings(shape)
+            """,
+            message_contains="self.g_cache",
+        ),
+        Invalid(
+            """
+            import torch
+
+            class InferenceCache:
+                def _layer_rings(self, shape, layers):
+                    for _ in range(layers):
+                        yield torch.empty(shape, dtype=torch.float16)
+
+                def allocate(self, shape, layers):
+                    self.g_caches = []
+                    for ring in self._layer_rings(shape, layers):
+                        self.g_caches.append(ring)
+            """,
+            message_contains="torch.float16",
         ),
     )
 

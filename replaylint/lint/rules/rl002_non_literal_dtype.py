@@ -147,6 +147,25 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                     self.g_cache.clear()
             """
         ),
+        Valid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class RingSpec(NamedTuple):
+                name: str
+                dtype: torch.dtype
+
+            RINGS = (RingSpec("d_cache", torch.bfloat16), RingSpec("g_cache", torch.float32))
+
+            def allocate(shape):
+                # the table's gate entry says float32
+                spec = RINGS[1]
+                g_cache = torch.zeros(shape, dtype=spec.dtype)
+                return g_cache
+            """
+        ),
     )
     INVALID = (
         Invalid(

@@ -38,7 +38,8 @@ a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a 
 
 A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
 `model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
-(`self.register_buffer("g_cache", ...)`, in the class or a base class) casts that buffer with
+(`self.register_buffer("g_cache", ...)`, `self.register_buffer(f"layer{i}_g_cache", ...)` or
+`self.g_cache = nn.Buffer(...)`, in the class or a base class) casts that buffer with
 every other one. The cast is reported where it is made, unless the class is guarded
 (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from `replaylint.guards`).
 """
@@ -275,6 +276,21 @@ and state-dict loads.
                 pool.g_cache = pool.raw_ring.view(torch.bfloat16)
             """,
             message_contains="reinterprets",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class KimiDeltaCache(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
+
+            def build(shape):
+                return KimiDeltaCache(shape).half()
+            """,
+            message_contains="registered on line 7",
         ),
     )
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.modules import GateBuffer, assigning_load, gate_buffer_classes
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
+from replaylint.lint.syntax.nodes import method_name
 
 
 class UncastLoad(Rule):
@@ -20,7 +25,7 @@ exponentiates prefix sums of its log-decays, so bf16 rounding becomes a ~1.5% re
 decays at ring length 16 that compounds at every flush into the checkpoint.
 
 Recognised loads: `torch.load(...)` and `safetensors.torch.load_file(...)` (directly or through a
-local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` where the
+local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` / `checkpoint.pop(key)` where the
 container was loaded or is a parameter named like a state dict or checkpoint, and
 `torch.from_numpy(np.load(...))` (`np.memmap`, `np.fromfile`, and `np.array(...)` /
 `np.asarray(...)` of such an array included), `pickle.load(...)`, and raw bytes read with
@@ -28,9 +33,19 @@ container was loaded or is a parameter named like a state dict or checkpoint, an
 same bytes as float32 would give other numbers). The load is followed through device moves
 (`torch.load(path, mmap=True).to(device)`) and into generators and helpers that return or yield
 it. Not a finding: copying into an existing float32 gate cache
-(`g_cache.copy_(src)`, `g_cache[idx] = src`, `load_state_dict`), which casts on the way in, or a
-load followed by `.float()` / `.to(torch.float32)` / `.to(dtype=torch.float32)`. A dict that is
-merely passed around (`kwargs.get("replayssm_g")`) is not a checkpoint.
+(`g_cache.copy_(src)`, `g_cache[idx] = src`, `load_state_dict(sd)` with `strict` either way),
+which casts on the way in, or a load followed by `.float()` / `.to(torch.float32)` /
+`.to(dtype=torch.float32)`. A dict that is merely passed around (`kwargs.get("replayssm_g")`) is
+not a checkpoint.
+
+`module.load_state_dict(checkpoint, assign=True)` is the exception: it keeps the loaded tensors
+as the module's buffers instead of copying into them (the usual way to fill a module built on the
+meta device), so the gate buffer takes the dtype the checkpoint was saved in. It is reported at
+the call when the checkpoint is read from disk in the function and the module is an instance of
+a class of the module that registers a gate buffer (`register_buffer` or `nn.Buffer`), unless the
+class is guarded with `replaylint.guards.keep_fp32_gate_caches`, or the function replaces
+entries of the loaded mapping before the call (`state["g_cache"] = state["g_cache"].float()`).
+That finding has no fix: cast the gate entry before loading, or load without `assign=True`.
 """
     FIX = (
         """\
@@ -97,6 +112,43 @@ loaded value — device, shape, layout — changes.
                 ring = np.memmap(path, dtype=np.float16, mode="r")
                 replayssm_g = torch.from_numpy(np.array(ring, dtype=np.float32))
                 return g_cache, replayssm_g
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+
+            class StatePool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
+
+            def restore(path, shape):
+                pool = StatePool(shape)
+                # copies into the float32 buffer, strict or not
+                pool.load_state_dict(torch.load(path, mmap=True), strict=False)
+                return pool
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+
+            class StatePool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def restore(path, shape):
+                with torch.device("meta"):
+                    pool = StatePool(shape)
+                state = torch.load(path, mmap=True)
+                # the gate entry is made float32 before the module adopts the loaded tensors
+                state["g_cache"] = state["g_cache"].float()
+                pool.load_state_dict(state, assign=True)
+                return pool
             """
         ),
     )
@@ -232,7 +284,68 @@ loaded value — device, shape, layout — changes.
                 return gate_cache, g_cache
             """,
         ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class StatePool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def restore(path, shape):
+                with torch.device("meta"):
+                    pool = StatePool(shape)
+                pool.load_state_dict(torch.load(path, mmap=True), assign=True)
+                return pool
+            """,
+            message_contains="registered on line 7",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state.pop("g_cache")
+                self.load_state_dict(state)
+            """,
+            expected_fix="""
+            import torch
+
+            def restore(self, path):
+                state = torch.load(path, map_location="cpu")
+                self.g_cache = state.pop("g_cache").to(torch.float32)
+                self.load_state_dict(state)
+            """,
+        ),
     )
+
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._buffers: dict[str, GateBuffer] | None = None
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if method_name(node) != "load_state_dict":
+            return
+        if self._buffers is None:
+            self._buffers = gate_buffer_classes(self.provenance)
+        if not self._buffers:
+            return
+        buffer = assigning_load(self.provenance, node, self.site(), self._buffers)
+        if buffer is None:
+            return
+        owner = buffer.cls.name.value
+        line = self.context.line_of(buffer.node)
+        self.report(
+            node,
+            f"`load_state_dict(..., assign=True)` keeps the tensors loaded from disk as the "
+            f"buffers of `{owner}`, in the dtype they were saved with, its gate cache "
+            f"`{buffer.name}` (registered on line {line}) included; {WHY}; cast that entry "
+            "to float32 before loading, or load without `assign=True` (copying into the float32 "
+            "buffer keeps its dtype)",
+        )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):

@@ -403,6 +403,8 @@ targets — the finding says what to change and has no fix.
 
     # ------------------------------------------------------------------ helper functions
     def check_binding(self, binding: GateCacheBinding) -> None:
+        if binding.element is not None:
+            return  # `d, k, g = helper(...)`: checked per element where the tuple is unpacked
         value = binding.value
         while (
             isinstance(value, cst.Call)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.dataflow.arguments import PassedValue, parameter_position, passed_values
 from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.entry_points import EntryPoint
+from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import literal_names
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, one_line, positional_args
+from replaylint.lint.rules.wording import ARGUMENT_FIX_SAFETY, literal_names
+from replaylint.lint.syntax.nodes import dotted_name, one_line
+from replaylint.lint.syntax.sites import Site
 
 
 class NonFp32GateArgument(Rule):
@@ -25,17 +30,26 @@ folded into the checkpoint at every flush. A kernel that validates its arguments
 does not silently computes drifting outputs.
 
 Entry points: by default any function whose name ends in `replayssm_decode`, with the gate cache
-as keyword `g_cache` or the 10th positional argument (the sglang argument order); more via
-`entry-points` in the configuration. The argument is followed through local bindings in the
-function: only what is *provably* not float32 is reported (an unknown dtype is not), so a gate
-cache received as a parameter or read from `self` is never a finding here.
+as keyword `g_cache` or the 10th positional argument (the sglang argument order; the position in
+the signature when the module defines the entry point itself); more via `entry-points` in the
+configuration. The argument is found however the call passes it: by keyword or position, in a
+`**ring_args` mapping (`dict(g_cache=g)`, a dict literal, `ring_args["g_cache"] = x` or
+`ring_args.update(g_cache=x)` before the call), or in a `*rings` tuple, NamedTuple or list whose
+elements the function shows. Its value is followed through local bindings, fields of NamedTuples
+and dataclasses built in the module (`rings.g`, `rings._replace(g=x)`, `rings[2]`), tuple
+unpacking (`d, k, g = load_rings(path)`, where `load_rings` is a function of the module) and
+helpers of the module. Only what is *provably* not float32 is reported (an unknown dtype is not),
+so a gate cache received as a parameter, read from `self`, or passed in a mapping the function
+does not build is never a finding here.
 """
-    FIX = """\
-No fix: the line to change is the one that made the tensor non-float32, which the message names;
-when that line is a gate-cache binding, RL001-RL005 report it with a fix, and this finding goes
-away once it is fixed.
+    FIX = (
+        """\
+The fix changes the one line that made the value non-float32 — the allocation's dtype, the cast,
+a cast of the load — that the message names.
 """
-    FIX_APPLICABILITY = None
+        + ARGUMENT_FIX_SAFETY
+    )
+    FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
         Valid(
@@ -79,6 +93,49 @@ away once it is fixed.
                 my_replayssm_decode(d_cache=d, g_cache=gates)
             """
         ),
+        Valid(
+            """
+            import torch
+
+            def decode_step(mixed_qkv, shape, ring_dtype):
+                ring_args = dict(
+                    d_cache=torch.zeros(shape, dtype=ring_dtype),
+                    g_cache=torch.zeros(shape, dtype=torch.float32),
+                )
+                return replayssm_decode(mixed_qkv, **ring_args)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def decode_step(mixed_qkv, shape, pool_rings):
+                # the gate ring comes from the pool's mapping, checked where the pool makes it
+                ring_args = dict(pool_rings, d_cache=torch.zeros(shape, dtype=torch.bfloat16))
+                return replayssm_decode(mixed_qkv, **ring_args)
+            """
+        ),
+        Valid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class Rings(NamedTuple):
+                d: torch.Tensor
+                k: torch.Tensor
+                g: torch.Tensor
+
+            def step(inputs, shape):
+                rings = Rings(
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.float32),
+                )
+                # position 10 of the sglang order is the g ring: the d and k rings are bf16
+                return fused_recurrent_kda_replayssm_decode(*inputs[:7], *rings, inputs[7])
+            """
+        ),
     )
     INVALID = (
         Invalid(
@@ -87,6 +144,13 @@ away once it is fixed.
 
             def run(shape, device):
                 gates = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+                kda_replayssm_decode(mixed_qkv, a, b, A_log, dt_bias, 0.125, h0, d, k, gates, out)
+            """,
+            expected_fix="""
+            import torch
+
+            def run(shape, device):
+                gates = torch.zeros(shape, dtype=torch.float32, device=device)
                 kda_replayssm_decode(mixed_qkv, a, b, A_log, dt_bias, 0.125, h0, d, k, gates, out)
             """,
             message_contains="line 4",
@@ -100,6 +164,14 @@ away once it is fixed.
                 ring = state["gates"]
                 return ops.fused_recurrent_linear_replayssm_decode(*step_inputs, g_cache=ring)
             """,
+            expected_fix="""
+            import torch
+
+            def resume(path, step_inputs):
+                state = torch.load(path)
+                ring = state["gates"].to(torch.float32)
+                return ops.fused_recurrent_linear_replayssm_decode(*step_inputs, g_cache=ring)
+            """,
             message_contains="loaded",
         ),
         Invalid(
@@ -108,7 +180,135 @@ away once it is fixed.
                 g = self.g_cache.half()
                 kda_replayssm_decode(**inputs, g_cache=g)
             """,
+            expected_fix="""
+            def decode_half(self, inputs):
+                g = self.g_cache.float()
+                kda_replayssm_decode(**inputs, g_cache=g)
+            """,
             message_contains="torch.float16",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def decode_step(mixed_qkv, a, b, shape):
+                d = torch.zeros(shape, dtype=torch.bfloat16)
+                g16 = torch.zeros(shape, dtype=torch.bfloat16)
+                ring_args = dict(d_cache=d, k_cache=d, g_cache=g16)
+                return fused_recurrent_kda_replayssm_decode(mixed_qkv, a, b, **ring_args)
+            """,
+            expected_fix="""
+            import torch
+
+            def decode_step(mixed_qkv, a, b, shape):
+                d = torch.zeros(shape, dtype=torch.bfloat16)
+                g16 = torch.zeros(shape, dtype=torch.float32)
+                ring_args = dict(d_cache=d, k_cache=d, g_cache=g16)
+                return fused_recurrent_kda_replayssm_decode(mixed_qkv, a, b, **ring_args)
+            """,
+            message_contains="`**ring_args` passes",
+        ),
+        Invalid(
+            """
+            def decode_step(mixed_qkv, rings, x):
+                ring_args = {"d_cache": rings.d, "k_cache": rings.k}
+                ring_args["g_cache"] = x.half()
+                return replayssm_decode(mixed_qkv, **ring_args)
+            """,
+            expected_fix="""
+            def decode_step(mixed_qkv, rings, x):
+                ring_args = {"d_cache": rings.d, "k_cache": rings.k}
+                ring_args["g_cache"] = x.float()
+                return replayssm_decode(mixed_qkv, **ring_args)
+            """,
+            message_contains="line 3",
+        ),
+        Invalid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class Rings(NamedTuple):
+                d: torch.Tensor
+                k: torch.Tensor
+                g: torch.Tensor
+
+            def step(inputs, d, k, g, out):
+                rings = Rings(d, k, g.to(torch.bfloat16))
+                return replayssm_decode(*inputs, rings.d, rings.k, g_cache=rings.g, out=out)
+            """,
+            expected_fix="""
+            from typing import NamedTuple
+
+            import torch
+
+            class Rings(NamedTuple):
+                d: torch.Tensor
+                k: torch.Tensor
+                g: torch.Tensor
+
+            def step(inputs, d, k, g, out):
+                rings = Rings(d, k, g.to(torch.float32))
+                return replayssm_decode(*inputs, rings.d, rings.k, g_cache=rings.g, out=out)
+            """,
+            message_contains="line 11",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def replayssm_decode(mixed_qkv, d_cache, k_cache, g_cache):
+                ...
+
+            def step(mixed_qkv, shape):
+                rings = (
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                )
+                return replayssm_decode(mixed_qkv, *rings)
+            """,
+            expected_fix="""
+            import torch
+
+            def replayssm_decode(mixed_qkv, d_cache, k_cache, g_cache):
+                ...
+
+            def step(mixed_qkv, shape):
+                rings = (
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.bfloat16),
+                    torch.zeros(shape, dtype=torch.float32),
+                )
+                return replayssm_decode(mixed_qkv, *rings)
+            """,
+            message_contains="`*rings` passes",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def load_rings(path):
+                blob = torch.load(path, map_location="cpu")
+                return blob["d"], blob["k"], blob["g"]
+
+            def resume(path, inputs):
+                d, k, g = load_rings(path)
+                return replayssm_decode(*inputs, d_cache=d, k_cache=k, g_cache=g)
+            """,
+            message_contains="line 5",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def bench_step(inputs, shape):
+                g = torch.zeros(shape, dtype=torch.bfloat16)
+                out = replayssm_decode(*inputs, d_cache=g, k_cache=g, g_cache=g)
+                return out, g
+            """,
+            message_contains="also read elsewhere",
         ),
     )
 
@@ -116,29 +316,62 @@ away once it is fixed.
         entry_point = self._entry_point(node)
         if entry_point is None:
             return
-        argument = keyword_arg(node, entry_point.parameter)
-        if argument is None and entry_point.index is not None:
-            positional = positional_args(node)
-            if not any(arg.star == "*" for arg in node.args) and entry_point.index < len(
-                positional
-            ):
-                argument = positional[entry_point.index]
-        if argument is None:
+        site = self.site()
+        position = entry_point.index
+        defined = called_function(self.context.index, self.provenance, node, site)
+        if defined is not None:  # the module defines the entry point: its signature decides
+            function, _, bound = defined
+            position = parameter_position(function, entry_point.parameter, bound)
+        for passed in passed_values(self.provenance, node, entry_point.parameter, position, site):
+            self._check_passed(node, passed)
+
+    def _check_passed(self, call: cst.Call, passed: PassedValue) -> None:
+        facts = self.provenance.tensor_facts(passed.value, passed.site)
+        wrong = [fact for fact in facts if _provably_not_float32(fact)]
+        if not wrong:
             return
-        facts = [
-            fact
-            for fact in self.provenance.tensor_facts(argument.value, self.site())
-            if _provably_not_float32(fact)
-        ]
-        if not facts:
-            return
-        causes = "; ".join(self._cause(fact) for fact in facts[:3])
-        function = one_line(self.context.module, node.func)
-        self.report(
-            argument.value,
-            f"the gate cache passed to `{function}` is not float32: {causes}; the kernel "
-            "exponentiates prefix sums of the gate ring, so it must be float32",
+        causes = "; ".join(self._cause(fact) for fact in wrong[:3])
+        function = one_line(self.context.module, call.func)
+        carrier = passed.argument
+        located: cst.CSTNode = passed.value if carrier.value is passed.value else carrier.value
+        subject = "the gate cache passed"
+        if located is not passed.value:
+            spread = f"{carrier.star}{one_line(self.context.module, carrier.value)}"
+            subject = f"the gate cache that `{spread}` passes"
+        fix = self._fix(facts, wrong, passed.site)
+        message = (
+            f"{subject} to `{function}` is not float32: {causes}; the kernel exponentiates "
+            "prefix sums of the gate ring, so it must be float32"
         )
+        if fix is None and any(not self._feeds_only_this(fact) for fact in wrong):
+            message += (
+                "; it is also read elsewhere, and a cast at the call would copy the ring, so "
+                "the kernel's in-place writes would miss it: make it float32 where it is made"
+            )
+        self.report(located, message, fix=fix)
+
+    def _fix(
+        self, facts: tuple[TensorFact, ...], wrong: list[TensorFact], site: Site
+    ) -> FixDraft | None:
+        """The change at the one line that made the argument non-float32, when that value feeds
+        this argument alone (see FIX)."""
+        if len(wrong) != 1 or any(f is not wrong[0] and f.kind is not Kind.FLOAT32 for f in facts):
+            return None
+        fact = wrong[0]
+        if fact.target is None or not self._feeds_only_this(fact):
+            return None
+        made = self.context.spelling.edits_for(fact.target, site)
+        if made is None:
+            return None
+        edits, safe = made
+        return FixDraft(
+            f"Make it {self.float32(site)} where it is made",
+            edits,
+            Applicability.SAFE if safe else Applicability.UNSAFE,
+        )
+
+    def _feeds_only_this(self, fact: TensorFact) -> bool:
+        return all(self.context.index.read_once(binding) for binding in fact.via)
 
     def _entry_point(self, call: cst.Call) -> EntryPoint | None:
         written = dotted_name(call.func)

@@ -35,6 +35,19 @@ a log-decay ring is floating point, whatever a tensor's name.
 """
 """The fix-safety conditions every gate-cache binding rule shares (rules/base.py: fix_for)."""
 
+ARGUMENT_FIX_SAFETY = """
+**When the fix is safe, or withheld.** The fix is offered as safe where the value feeds the gate
+argument alone (it is made inline, or the locals it passes through are read nowhere else): only
+the gate ring's dtype changes, and the kernel still writes into the tensor the caller holds. It
+is withheld when the value is also read elsewhere (`g = torch.zeros(...)` passed as both the d
+and the g ring, or kept and returned after the call): changing it where it is made would change
+its other uses, and a cast at the call site is a copy — the kernel writes the new gate row into
+the copy, so the ring the caller keeps would never advance. The message then names the line to
+change. When that line is also a gate-cache binding, RL001-RL005 report it with the same edit,
+which is applied once.
+"""
+"""Why a fix of a decode entry point's gate argument is safe, or withheld (RL007)."""
+
 WHY = "gate caches hold log-decays that are summed and exponentiated, so they must be float32"
 """Why a gate cache must be float32, closing most messages."""
 

@@ -105,3 +105,39 @@ def comprehension_in(value: cst.BaseExpression) -> Comprehension | None:
         if isinstance(inner, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
             return inner
     return None
+
+
+def record_fields(cls: cst.ClassDef) -> list[tuple[str, cst.BaseExpression | None]] | None:
+    """The fields of a NamedTuple or dataclass, in order, with their defaults; None for any
+    other class, and for a dataclass whose fields do not all take a position in ``__init__``
+    (``kw_only``, ``KW_ONLY``, ``field(init=False)``): which argument fills which is not read."""
+    decorators = [d.decorator for d in cls.decorators]
+    dataclass = [d for d in decorators if "dataclass" in (dotted_name(_callee(d)) or "")]
+    named_tuple = any((dotted_name(base.value) or "").endswith("NamedTuple") for base in cls.bases)
+    if not (dataclass or named_tuple) or not isinstance(cls.body, cst.IndentedBlock):
+        return None
+    if any(isinstance(d, cst.Call) and keyword_arg(d, "kw_only") is not None for d in dataclass):
+        return None
+    fields: list[tuple[str, cst.BaseExpression | None]] = []
+    for statement in cls.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.AnnAssign) or not isinstance(small.target, cst.Name):
+                continue
+            annotation = small.annotation.annotation
+            if isinstance(annotation, cst.Subscript):
+                annotation = annotation.value
+            written = dotted_name(annotation) or ""
+            if written.endswith("ClassVar"):
+                continue  # a class attribute, not a field
+            if written.endswith("KW_ONLY") or (
+                isinstance(small.value, cst.Call) and keyword_arg(small.value, "init") is not None
+            ):
+                return None
+            fields.append((small.target.value, small.value))
+    return fields
+
+
+def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.func if isinstance(node, cst.Call) else node
