@@ -31,7 +31,10 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ALL_ROWS",
+    "APPEND_ROWS",
     "CONFIGS",
+    "FLUSH_ROWS",
     "Config",
     "ConfigKey",
     "LaunchConfig",
@@ -46,28 +49,40 @@ __all__ = [
 # keyword arguments (helion is imported only when a kernel runs).
 Config = dict[str, Any]
 
-# Regimes by the number of (row, value head) pairs B * HV ("tiny": B < 16 at 32 heads, or
+# Regimes by the number of (row, value head) pairs B * HV ("micro": B < 4 at 32 heads, a
+# single wave of programs whose time is one program's latency; "tiny": B < 16 at 32 heads, or
 # a few rows at 4 / 12 local heads; "small": B = 16..31; "mid": up to B = 127), then the
 # state dtype ("fp32" or "half" for bf16 / fp16).
+MICRO_PAIRS = 128
 TINY_PAIRS = 512
 SMALL_PAIRS = 1024
 MID_PAIRS = 4096
 
-_LAUNCH_KEYS = ("split", "flush", "dot_precision")
+_LAUNCH_KEYS = ("split", "flush", "dot_precision", "passes")
+
+# Which rows one launch of the decode body serves (its ``phase``): every row, or, for a step in
+# two passes, the appending rows and then the flushing ones. Each pass compiles only its own
+# branch, so the append pass keeps none of the flush's registers live.
+ALL_ROWS = 0
+APPEND_ROWS = 1
+FLUSH_ROWS = 2
 
 
-def _one_warp(split: int, flush: str = "dot") -> Config:
+def _one_warp(split: int, flush: str = "dot", passes: int = 1, num_warps: int = 1) -> Config:
     return {
         "split": split,
         "flush": flush,
         "dot_precision": "ieee",
+        "passes": passes,
         "block_sizes": [16],
-        "num_warps": 1,
+        "num_warps": num_warps,
         "num_stages": 1,
     }
 
 
 CONFIGS: dict[str, Config] = {
+    "micro-fp32": _one_warp(8),
+    "micro-half": _one_warp(8),
     "tiny-fp32": _one_warp(4),
     "tiny-half": _one_warp(8),
     "small-fp32": _one_warp(2),
@@ -81,7 +96,9 @@ CONFIGS: dict[str, Config] = {
 
 def regime(state_dtype: torch.dtype, pairs: int) -> str:
     """The regime a launch falls in: by its (row, value head) count, then the state dtype."""
-    if pairs < TINY_PAIRS:
+    if pairs < MICRO_PAIRS:
+        size = "micro"
+    elif pairs < TINY_PAIRS:
         size = "tiny"
     elif pairs < SMALL_PAIRS:
         size = "small"
@@ -101,6 +118,12 @@ class LaunchConfig:
     flush_by_dot: bool
     dot_precision: str
     helion: ConfigKey  # hashable helion.Config keyword arguments
+    passes: int = 1  # 2: the appending rows and the flushing rows in separate launches
+
+    @property
+    def phases(self) -> tuple[int, ...]:
+        """The kernel body's ``phase`` for each launch of a step, in order."""
+        return (ALL_ROWS,) if self.passes == 1 else (APPEND_ROWS, FLUSH_ROWS)
 
 
 def launch_config(config: Config, head_k_dim: int, head_v_dim: int, ring_len: int) -> LaunchConfig:
@@ -127,6 +150,7 @@ def _fitted(config: ConfigKey, head_k_dim: int, head_v_dim: int, ring_len: int) 
         flush_by_dot=by_dot,
         dot_precision=str(chosen.get("dot_precision", "tf32x3")),
         helion=config_key(helion_config),
+        passes=2 if int(chosen.get("passes", 1)) == 2 else 1,
     )
 
 
