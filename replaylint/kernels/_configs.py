@@ -10,13 +10,23 @@ Chosen with ``benchmarks/tune_decode_kernel.py`` on one NVIDIA H200 (torch 2.11,
 helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``, summary in
 docs/benchmarks.md): kernel-only times under CUDA-graph replay, steady-state cursors (1 row in
 16 flushes), H = HV = 32, K = V = 128 and Kimi-K3's TP8 shape (HV = 12, lower bound -5).
-One warp per program won every regime (summed over the regime's problems): the K reductions
-stay inside a warp (lane shuffles, no shared-memory round trips or barriers) and an SM holds
-the most programs, so the most loads are in flight. The flush's ring term as an exact float32
-("ieee") matrix product beat its tf32x3 tensor-core form wherever both were timed (the tf32x3
-operand splits double the live registers); walking the ring row by row won for bf16 state at
-large B. The "mid" regime was timed with tf32x3 candidates only (split 2 won); it ships split 2
-with the ieee product, as its neighbours do (docs/benchmarks.md has its numbers in that config).
+One warp per program won every regime but the smallest (summed over the regime's problems):
+the K reductions stay inside a warp (lane shuffles, no shared-memory round trips or barriers)
+and an SM holds the most programs, so the most loads are in flight. The flush's ring term as
+an exact float32 ("ieee") matrix product beat its tf32x3 tensor-core form wherever both were
+timed (the tf32x3 operand splits double the live registers). Below 128 (row, head) pairs
+(B = 1..3 at 32 heads) the launch is one short wave whose time is one program's latency:
+split 8 with two warps per program was fastest there (kernel-only 4.8 / 5.0 us at B = 1 fp32 /
+bf16, against 6.6 / 7.1 with split 4). bf16 state at large B runs in two passes (appending
+rows, then flushing rows; each launch compiled without the other's branch): the append pass
+needs 151 registers instead of 220, so 12 programs fit on an SM instead of 8 (ncu), and the
+step ran 180 us against 199 (one pass, matrix-product flush) and 202 (one pass, row by row)
+at B = 256. fp32 state gains nothing from it (227 against 211 us): its append pass is no
+faster at the higher occupancy (DRAM-bound at 72% of peak), and the second launch adds
+~8 us. Two passes lose at small B, where the flushing rows' programs then run after, not
+beside, the appending ones (B = 16: 28.5 against 15.8 us). The "mid" regime was timed with
+tf32x3 candidates only (split 2 won); it ships split 2 with the ieee product, as its neighbours
+do (docs/benchmarks.md has its numbers in that config).
 
 The kernel never autotunes at call time: a call picks one of these by the number of
 (row, value head) pairs it launches and the state's dtype.
@@ -81,8 +91,8 @@ def _one_warp(split: int, flush: str = "dot", passes: int = 1, num_warps: int = 
 
 
 CONFIGS: dict[str, Config] = {
-    "micro-fp32": _one_warp(8),
-    "micro-half": _one_warp(8),
+    "micro-fp32": _one_warp(8, num_warps=2),
+    "micro-half": _one_warp(8, num_warps=2),
     "tiny-fp32": _one_warp(4),
     "tiny-half": _one_warp(8),
     "small-fp32": _one_warp(2),
@@ -90,7 +100,7 @@ CONFIGS: dict[str, Config] = {
     "mid-fp32": _one_warp(2),
     "mid-half": _one_warp(2),
     "large-fp32": _one_warp(1),
-    "large-half": _one_warp(1, flush="rows"),
+    "large-half": _one_warp(1, passes=2),
 }
 
 

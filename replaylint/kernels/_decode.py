@@ -52,6 +52,11 @@ CONFIG_OVERRIDE: dict[str, Config] | None = None
 _MAX_SIGNATURES = 256
 
 
+# torch.cuda.current_device() without its Python wrapper (the CUDA context exists by now: the
+# arguments are CUDA tensors).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
 def _interpreter_requested() -> bool:
     """HELION_INTERPRET=1 sends CUDA tensors through the interpreter too (for debugging)."""
     return os.environ.get("HELION_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
@@ -171,9 +176,10 @@ def _signature(args: DecodeArgs) -> tuple[Any, ...] | None:
     dense tensor (then the checks run, and report it)."""
     tensors = args[:5] + args[6:13] + ((args.force_flush,) if args.force_flush is not None else ())
     try:
-        # Shape, strides, dtype, device and layout: only torch tensors carry these (anything
-        # else has no ``stride()`` or compares unequal to every checked signature).
-        parts = tuple([(t.shape, t.stride(), t.dtype, t.device, t.layout) for t in tensors])
+        # Shape, strides, dtype and device: only torch tensors carry these (anything else has
+        # no ``stride()`` or compares unequal to every checked signature; a tensor of another
+        # layout has no strides either).
+        parts = tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
     except (AttributeError, TypeError, RuntimeError):
         return None
     scale, use_l2, lower_bound = args.scale, args.use_qk_l2norm_in_kernel, args.lower_bound
@@ -316,7 +322,7 @@ def _launch_planned(
     """Replay the plan for ``key``, the bases' pointer alignment and the current device, or
     launch through Helion (recording a plan for the next call)."""
     pointers = [t.data_ptr() for t in bases]
-    device = torch.cuda.current_device()
+    device = _current_device()
     full_key = (*key, device, pointer_residues(pointers))
     plan = plans.get(full_key)
     if plan is not None:

@@ -41,7 +41,7 @@ def tensor_signature(t: object) -> tuple[Any, ...] | None:
 def pointer_residues(pointers: Sequence[int]) -> tuple[int, ...]:
     """The pointers modulo the alignment Triton specialises on (with the fixed byte offsets of
     the views, these decide every launched pointer's alignment)."""
-    return tuple(p % _ALIGNMENT for p in pointers)
+    return tuple(map(_ALIGNMENT.__rmod__, pointers))
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,15 @@ def _triton_version() -> tuple[int, ...]:
     return tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
 
 
+def _hooked(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed: a callable, or a hook chain (Triton 3.5 on
+    keeps one per hook, never None) that holds any."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return not isinstance(calls, list) or bool(calls)
+
+
 class _DirectRunner:
     """The compiled kernel's native launcher with its fixed arguments bound (see the module
     docstring); Triton's own runner whenever a launch hook is installed."""
@@ -80,7 +89,7 @@ class _DirectRunner:
 
     def __call__(self, *args: Any) -> None:
         hooks = self._knobs
-        if hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+        if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             self._fallback(*args)
             return
         x, y, z = self._grid
