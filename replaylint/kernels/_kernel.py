@@ -3,8 +3,8 @@
 Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
 lazily, on the first kernel call.
 
-One program per (V slice, value head hv, row b), one warp each (the configs in
-``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
+One program per (V slice, value head hv, row b), one warp each (two for the smallest launches;
+the configs in ``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
 launch has ``NS * HV * B`` programs (8 / 4 / 2 slices for small launches, 1 at large B, where the
 K-side work below, repeated per slice, costs more than the extra programs gain). The V slice is
 the fastest-varying grid index, so the programs of one (row, head) run side by side and share
@@ -20,6 +20,11 @@ their ring reads through L2. In each program:
    writes ``out``, and then either appends the d row or, in the 1 program in L that flushes,
    writes the tile's S_new from the values already loaded (its ring term ``D^T (W * alpha)``
    as one matrix product per tile, or row by row over the ring).
+
+A step runs in one launch (``phase`` ALL_ROWS) or in two (APPEND_ROWS, then FLUSH_ROWS): each
+of those compiles only its own branch of step 3, so the append pass keeps none of the flush's
+registers live (151 instead of 220 per thread for bf16 state, by ncu) and more of its programs
+fit on an SM; in each pass the programs of the other kind of row exit after reading the cursor.
 
 All arithmetic is float32 whatever the storage dtypes.
 """
