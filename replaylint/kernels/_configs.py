@@ -10,13 +10,23 @@ Chosen with ``benchmarks/tune_decode_kernel.py`` on one NVIDIA H200 (torch 2.11,
 helion 1.5.0; output in ``benchmarks/tune_decode_kernel.json``, summary in
 docs/benchmarks.md): kernel-only times under CUDA-graph replay, steady-state cursors (1 row in
 16 flushes), H = HV = 32, K = V = 128 and Kimi-K3's TP8 shape (HV = 12, lower bound -5).
-One warp per program won every regime (summed over the regime's problems): the K reductions
-stay inside a warp (lane shuffles, no shared-memory round trips or barriers) and an SM holds
-the most programs, so the most loads are in flight. The flush's ring term as an exact float32
-("ieee") matrix product beat its tf32x3 tensor-core form wherever both were timed (the tf32x3
-operand splits double the live registers); walking the ring row by row won for bf16 state at
-large B. The "mid" regime was timed with tf32x3 candidates only (split 2 won); it ships split 2
-with the ieee product, as its neighbours do (docs/benchmarks.md has its numbers in that config).
+One warp per program won every regime but the smallest (summed over the regime's problems):
+the K reductions stay inside a warp (lane shuffles, no shared-memory round trips or barriers)
+and an SM holds the most programs, so the most loads are in flight. The flush's ring term as
+an exact float32 ("ieee") matrix product beat its tf32x3 tensor-core form wherever both were
+timed (the tf32x3 operand splits double the live registers). Below 128 (row, head) pairs
+(B = 1..3 at 32 heads) the launch is one short wave whose time is one program's latency:
+split 8 with two warps per program was fastest there (kernel-only 4.8 / 5.0 us at B = 1 fp32 /
+bf16, against 6.6 / 7.1 with split 4). bf16 state at large B runs in two passes (appending
+rows, then flushing rows; each launch compiled without the other's branch): the append pass
+needs 151 registers instead of 220, so 12 programs fit on an SM instead of 8 (ncu), and the
+step ran 180 us against 199 (one pass, matrix-product flush) and 202 (one pass, row by row)
+at B = 256. fp32 state gains nothing from it (227 against 211 us): its append pass is no
+faster at the higher occupancy (DRAM-bound at 72% of peak), and the second launch adds
+~8 us. Two passes lose at small B, where the flushing rows' programs then run after, not
+beside, the appending ones (B = 16: 28.5 against 15.8 us). The "mid" regime was timed with
+tf32x3 candidates only (split 2 won); it ships split 2 with the ieee product, as its neighbours
+do (docs/benchmarks.md has its numbers in that config).
 
 The kernel never autotunes at call time: a call picks one of these by the number of
 (row, value head) pairs it launches and the state's dtype.
@@ -31,7 +41,10 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ALL_ROWS",
+    "APPEND_ROWS",
     "CONFIGS",
+    "FLUSH_ROWS",
     "Config",
     "ConfigKey",
     "LaunchConfig",
@@ -46,28 +59,40 @@ __all__ = [
 # keyword arguments (helion is imported only when a kernel runs).
 Config = dict[str, Any]
 
-# Regimes by the number of (row, value head) pairs B * HV ("tiny": B < 16 at 32 heads, or
+# Regimes by the number of (row, value head) pairs B * HV ("micro": B < 4 at 32 heads, a
+# single wave of programs whose time is one program's latency; "tiny": B < 16 at 32 heads, or
 # a few rows at 4 / 12 local heads; "small": B = 16..31; "mid": up to B = 127), then the
 # state dtype ("fp32" or "half" for bf16 / fp16).
+MICRO_PAIRS = 128
 TINY_PAIRS = 512
 SMALL_PAIRS = 1024
 MID_PAIRS = 4096
 
-_LAUNCH_KEYS = ("split", "flush", "dot_precision")
+_LAUNCH_KEYS = ("split", "flush", "dot_precision", "passes")
+
+# Which rows one launch of the decode body serves (its ``phase``): every row, or, for a step in
+# two passes, the appending rows and then the flushing ones. Each pass compiles only its own
+# branch, so the append pass keeps none of the flush's registers live.
+ALL_ROWS = 0
+APPEND_ROWS = 1
+FLUSH_ROWS = 2
 
 
-def _one_warp(split: int, flush: str = "dot") -> Config:
+def _one_warp(split: int, flush: str = "dot", passes: int = 1, num_warps: int = 1) -> Config:
     return {
         "split": split,
         "flush": flush,
         "dot_precision": "ieee",
+        "passes": passes,
         "block_sizes": [16],
-        "num_warps": 1,
+        "num_warps": num_warps,
         "num_stages": 1,
     }
 
 
 CONFIGS: dict[str, Config] = {
+    "micro-fp32": _one_warp(8, num_warps=2),
+    "micro-half": _one_warp(8, num_warps=2),
     "tiny-fp32": _one_warp(4),
     "tiny-half": _one_warp(8),
     "small-fp32": _one_warp(2),
@@ -75,13 +100,15 @@ CONFIGS: dict[str, Config] = {
     "mid-fp32": _one_warp(2),
     "mid-half": _one_warp(2),
     "large-fp32": _one_warp(1),
-    "large-half": _one_warp(1, flush="rows"),
+    "large-half": _one_warp(1, passes=2),
 }
 
 
 def regime(state_dtype: torch.dtype, pairs: int) -> str:
     """The regime a launch falls in: by its (row, value head) count, then the state dtype."""
-    if pairs < TINY_PAIRS:
+    if pairs < MICRO_PAIRS:
+        size = "micro"
+    elif pairs < TINY_PAIRS:
         size = "tiny"
     elif pairs < SMALL_PAIRS:
         size = "small"
@@ -101,6 +128,12 @@ class LaunchConfig:
     flush_by_dot: bool
     dot_precision: str
     helion: ConfigKey  # hashable helion.Config keyword arguments
+    passes: int = 1  # 2: the appending rows and the flushing rows in separate launches
+
+    @property
+    def phases(self) -> tuple[int, ...]:
+        """The kernel body's ``phase`` for each launch of a step, in order."""
+        return (ALL_ROWS,) if self.passes == 1 else (APPEND_ROWS, FLUSH_ROWS)
 
 
 def launch_config(config: Config, head_k_dim: int, head_v_dim: int, ring_len: int) -> LaunchConfig:
@@ -127,6 +160,7 @@ def _fitted(config: ConfigKey, head_k_dim: int, head_v_dim: int, ring_len: int) 
         flush_by_dot=by_dot,
         dot_precision=str(chosen.get("dot_precision", "tf32x3")),
         helion=config_key(helion_config),
+        passes=2 if int(chosen.get("passes", 1)) == 2 else 1,
     )
 
 

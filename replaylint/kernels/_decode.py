@@ -17,6 +17,7 @@ import torch
 
 from replaylint.guards import fp32_gate_cache
 from replaylint.kernels._configs import (
+    ALL_ROWS,
     CONFIGS,
     Config,
     LaunchConfig,
@@ -42,12 +43,18 @@ _INT32_MAX = 2**31 - 1
 INTERPRETER_SPLIT = 1
 INTERPRETER_BLOCK_V: int | None = None  # None: the whole slice
 INTERPRETER_FLUSH = "rows"  # or "dot": the flush's ring term as one matrix product
+INTERPRETER_PASSES = 1  # or 2: appending rows and flushing rows in separate launches
 
 # Launch-config override for tuning and benchmarking (regime name -> config); None: CONFIGS.
 CONFIG_OVERRIDE: dict[str, Config] | None = None
 
 # Signatures kept at most (a new one past this clears the table).
 _MAX_SIGNATURES = 256
+
+
+# torch.cuda.current_device() without its Python wrapper (the CUDA context exists by now: the
+# arguments are CUDA tensors).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def _interpreter_requested() -> bool:
@@ -169,9 +176,10 @@ def _signature(args: DecodeArgs) -> tuple[Any, ...] | None:
     dense tensor (then the checks run, and report it)."""
     tensors = args[:5] + args[6:13] + ((args.force_flush,) if args.force_flush is not None else ())
     try:
-        # Shape, strides, dtype, device and layout: only torch tensors carry these (anything
-        # else has no ``stride()`` or compares unequal to every checked signature).
-        parts = tuple([(t.shape, t.stride(), t.dtype, t.device, t.layout) for t in tensors])
+        # Shape, strides, dtype and device: only torch tensors carry these (anything else has
+        # no ``stride()`` or compares unequal to every checked signature; a tensor of another
+        # layout has no strides either).
+        parts = tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
     except (AttributeError, TypeError, RuntimeError):
         return None
     scale, use_l2, lower_bound = args.scale, args.use_qk_l2norm_in_kernel, args.lower_bound
@@ -189,6 +197,7 @@ def _signature(args: DecodeArgs) -> tuple[Any, ...] | None:
         INTERPRETER_SPLIT,
         INTERPRETER_BLOCK_V,
         INTERPRETER_FLUSH,
+        INTERPRETER_PASSES,
     )
 
 
@@ -215,6 +224,7 @@ def _prepare(valid: ValidDecode) -> _Prepared:
         config: Config = {
             "split": split,
             "flush": INTERPRETER_FLUSH,
+            "passes": INTERPRETER_PASSES,
             "block_sizes": [block_v],
         }
     else:
@@ -279,22 +289,28 @@ def _launch_decode(prepared: _Prepared, args: DecodeArgs) -> None:
     launch = prepared.launch
     if prepared.interpret:
         valid = ValidDecode(args, prepared.shapes)
-        body_args = kernel_arguments(valid, launch, prepared.offsets, interpret=True)
-        _kernel.interpreted_kernel(launch.block_v, launch.dot_precision)(*body_args)
+        for phase in launch.phases:
+            body_args = kernel_arguments(valid, launch, prepared.offsets, phase, interpret=True)
+            _kernel.interpreted_kernel(launch.block_v, launch.dot_precision)(*body_args)
         return
 
-    def first_launch() -> tuple[Any, tuple[Any, ...], tuple[TensorSource | None, ...]]:
-        valid = ValidDecode(args, prepared.shapes)
-        body_args = kernel_arguments(valid, launch, prepared.offsets, interpret=False)
-        base_pointers = [t.data_ptr() for t in _bases(args)]
-        sources = tuple(
-            TensorSource(base, t.data_ptr() - base_pointers[base])
-            for base, t in zip(_KERNEL_BASES, body_args[: len(_KERNEL_BASES)], strict=True)
-        )
-        kernel = _kernel.compiled_kernel(launch.helion, prepared.offsets, launch.dot_precision)
-        return kernel, body_args, (*sources, *[None] * (len(body_args) - len(sources)))
+    bases = _bases(args)
+    for phase in launch.phases:
 
-    _launch_planned(prepared.plans, (), _bases(args), first_launch)
+        def first_launch(
+            phase: int = phase,
+        ) -> tuple[Any, tuple[Any, ...], tuple[TensorSource | None, ...]]:
+            valid = ValidDecode(args, prepared.shapes)
+            body_args = kernel_arguments(valid, launch, prepared.offsets, phase, interpret=False)
+            base_pointers = [t.data_ptr() for t in bases]
+            sources = tuple(
+                TensorSource(base, t.data_ptr() - base_pointers[base])
+                for base, t in zip(_KERNEL_BASES, body_args[: len(_KERNEL_BASES)], strict=True)
+            )
+            kernel = _kernel.compiled_kernel(launch.helion, prepared.offsets, launch.dot_precision)
+            return kernel, body_args, (*sources, *[None] * (len(body_args) - len(sources)))
+
+        _launch_planned(prepared.plans, (phase,), bases, first_launch)
 
 
 def _launch_planned(
@@ -306,13 +322,14 @@ def _launch_planned(
     """Replay the plan for ``key``, the bases' pointer alignment and the current device, or
     launch through Helion (recording a plan for the next call)."""
     pointers = [t.data_ptr() for t in bases]
-    full_key = (*key, torch.cuda.current_device(), pointer_residues(pointers))
+    device = _current_device()
+    full_key = (*key, device, pointer_residues(pointers))
     plan = plans.get(full_key)
     if plan is not None:
         plan.launch(pointers)
         return
     kernel, body_args, sources = first_launch()
-    recorded = launch_and_record(kernel, body_args, sources)
+    recorded = launch_and_record(kernel, body_args, sources, device)
     if recorded is not None:
         if len(plans) >= _MAX_SIGNATURES:
             plans.clear()
@@ -354,9 +371,14 @@ def kernel_tensors(valid: ValidDecode, split: int) -> tuple[torch.Tensor, ...]:
 
 
 def kernel_arguments(
-    valid: ValidDecode, launch: LaunchConfig, offsets: torch.dtype, *, interpret: bool
+    valid: ValidDecode,
+    launch: LaunchConfig,
+    offsets: torch.dtype,
+    phase: int = ALL_ROWS,
+    *,
+    interpret: bool,
 ) -> tuple[Any, ...]:
-    """Every argument of the kernel body, in its order."""
+    """Every argument of the kernel body, in its order, for one pass (``phase``) of a step."""
     args = valid.args
     lower_bound = args.lower_bound
     return (
@@ -368,5 +390,6 @@ def kernel_arguments(
         args.force_flush is not None,
         offsets,
         launch.flush_by_dot,
+        phase,
         interpret,
     )

@@ -3,8 +3,8 @@
 Importing this module imports helion (several seconds); :mod:`replaylint.kernels` imports it
 lazily, on the first kernel call.
 
-One program per (V slice, value head hv, row b), one warp each (the configs in
-``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
+One program per (V slice, value head hv, row b), one warp each (two for the smallest launches;
+the configs in ``_configs.py``): the value dimension is split into ``NS`` slices of ``BVs = V / NS`` rows, so a
 launch has ``NS * HV * B`` programs (8 / 4 / 2 slices for small launches, 1 at large B, where the
 K-side work below, repeated per slice, costs more than the extra programs gain). The V slice is
 the fastest-varying grid index, so the programs of one (row, head) run side by side and share
@@ -21,6 +21,11 @@ their ring reads through L2. In each program:
    writes the tile's S_new from the values already loaded (its ring term ``D^T (W * alpha)``
    as one matrix product per tile, or row by row over the ring).
 
+A step runs in one launch (``phase`` ALL_ROWS) or in two (APPEND_ROWS, then FLUSH_ROWS): each
+of those compiles only its own branch of step 3, so the append pass keeps none of the flush's
+registers live (151 instead of 220 per thread for bf16 state, by ncu) and more of its programs
+fit on an SM; in each pass the programs of the other kind of row exit after reading the cursor.
+
 All arithmetic is float32 whatever the storage dtypes.
 """
 
@@ -34,7 +39,12 @@ import helion.language as hl
 import torch
 from helion.runtime.ref_mode import RefMode
 
-from replaylint.kernels._configs import ConfigKey, config_from_key
+from replaylint.kernels._configs import (
+    APPEND_ROWS,
+    FLUSH_ROWS,
+    ConfigKey,
+    config_from_key,
+)
 
 __all__ = [
     "compiled_cursor_step",
@@ -67,6 +77,7 @@ def replayssm_decode_body(
     has_force_flush: hl.constexpr,
     slot_dtype: hl.constexpr,  # torch.int64 when offsets pass int32 (huge pool views)
     flush_by_dot: hl.constexpr,  # the flush's ring term as one matrix product per V tile
+    phase: hl.constexpr,  # ALL_ROWS, or APPEND_ROWS / FLUSH_ROWS for a launch in two passes
     interpret: hl.constexpr,
 ) -> None:
     B = q.size(0)
@@ -82,14 +93,26 @@ def replayssm_decode_body(
     for vs, hv, bi in hl.grid([NS, HV, B]):
         slot = slot_idx[bi].to(slot_dtype)  # so slot * slot_stride cannot wrap
         # Padding rows (negative index) and indices past the pool touch nothing.
-        if (slot >= 0) & (slot < num_slots):
+        valid = (slot >= 0) & (slot < num_slots)
+        # Clamp the cursor so a stale or corrupt write_pos can never address memory outside
+        # the ring; c >= L - 1 flushes.
+        c = torch.clamp(write_pos[bi], 0, L - 1)
+        flush = c == L - 1
+        appends = c != L - 1
+        if has_force_flush:
+            flush = flush | (force_flush[bi] != 0)
+            appends = appends & (force_flush[bi] == 0)
+        # A launch in two passes runs the appending rows in one and the flushing rows in the
+        # other: each pass compiles only its branch, so the append pass keeps none of the
+        # flush's registers live and more of its programs fit on an SM.
+        if phase == APPEND_ROWS:
+            mine = valid & appends
+        elif phase == FLUSH_ROWS:
+            mine = valid & flush
+        else:
+            mine = valid
+        if mine:
             h = hv // group
-            # Clamp the cursor so a stale or corrupt write_pos can never address memory
-            # outside the ring; c >= L - 1 flushes.
-            c = torch.clamp(write_pos[bi], 0, L - 1)
-            flush = c == L - 1
-            if has_force_flush:
-                flush = flush | (force_flush[bi] != 0)
 
             # 1. The token: q, k (full K), the gate and beta.
             qv = q[bi, h, :].to(torch.float32)
@@ -135,7 +158,7 @@ def replayssm_decode_body(
             #    first for eviction from L2.
             # For the flush's rank-c update D^T [BV, L] @ (W * alpha) [L, K] as one matrix
             # product per tile (rows j >= c of W are zero); unused (and dropped by the
-            # compiler) when the flush walks the ring row by row.
+            # compiler) when the flush walks the ring row by row or the pass only appends.
             w_alpha = w * alpha[None, :]
             e_alpha = e_total * alpha
             for tv in hl.tile(BVs, block_size=block_v):
@@ -160,35 +183,40 @@ def replayssm_decode_body(
                 state_k = torch.sum(s0 * u_k[None, :], 1) + torch.sum(d_ring * w_k[:, None], 0)
                 delta = beta * (v[bi, hv, vs, tv].to(torch.float32) - state_k)
                 out[bi, hv, vs, tv] = (state_q + delta * kq).to(out.dtype)
-                if flush:
-                    # S_new = S0 * (exp(G_T) * alpha) + sum_j d_j (x) (W_j * alpha) + delta (x) k
-                    s_new = s0 * e_alpha[None, :] + delta[:, None] * kv[None, :]
-                    if flush_by_dot:
-                        if interpret:  # (the interpreter's hl.dot has no CPU float32 path)
-                            s_new = s_new + torch.matmul(torch.transpose(d_ring, 0, 1), w_alpha)
+                if phase != APPEND_ROWS:  # noqa: SIM102 (in a flush pass, every row flushes)
+                    if flush:
+                        # S_new = S0 * (exp(G_T) * alpha) + sum_j d_j (x) (W_j * alpha)
+                        #         + delta (x) k
+                        s_new = s0 * e_alpha[None, :] + delta[:, None] * kv[None, :]
+                        if flush_by_dot:
+                            if interpret:  # (the interpreter's hl.dot has no CPU fp32 path)
+                                s_new = s_new + torch.matmul(torch.transpose(d_ring, 0, 1), w_alpha)
+                            else:
+                                s_new = hl.dot(torch.transpose(d_ring, 0, 1), w_alpha, acc=s_new)
                         else:
-                            s_new = hl.dot(torch.transpose(d_ring, 0, 1), w_alpha, acc=s_new)
-                    else:
-                        # Row by row over the live ring rows (any tile or ring size).
-                        g_run = hl.zeros([K], dtype=torch.float32)
-                        for j in hl.grid(c):
-                            g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
-                            w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(
-                                torch.float32
-                            )
-                            d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
-                            s_new = s_new + d_j[:, None] * (w_j * alpha)[None, :]
-                    state[slot, hv, vs, tv, :] = s_new.to(state.dtype)
-                else:
-                    d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
-            if not flush:  # noqa: SIM102 (device branches, nested as Helion traces them)
-                if vs == 0:  # one writer per (row, head) for the K-side rows
-                    g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
-                    if hv % group == 0:  # and one per key head under GQA
-                        k_cache[slot, h, c, :] = kv.to(k_cache.dtype)
-        else:
-            for tv_pad in hl.tile(BVs, block_size=block_v):
-                out[bi, hv, vs, tv_pad] = hl.zeros([tv_pad], dtype=out.dtype)
+                            # Row by row over the live ring rows (any tile or ring size).
+                            g_run = hl.zeros([K], dtype=torch.float32)
+                            for j in hl.grid(c):
+                                g_run = g_run + g_cache[slot, hv, j, :].to(torch.float32)
+                                w_j = torch.exp(g_total - g_run) * k_cache[slot, h, j, :].to(
+                                    torch.float32
+                                )
+                                d_j = d_cache[slot, hv, j, vs, tv].to(torch.float32)
+                                s_new = s_new + d_j[:, None] * (w_j * alpha)[None, :]
+                        state[slot, hv, vs, tv, :] = s_new.to(state.dtype)
+                if phase != FLUSH_ROWS:  # noqa: SIM102 (device branches, nested as Helion traces them)
+                    if not flush:
+                        d_cache[slot, hv, c, vs, tv] = delta.to(d_cache.dtype)
+            if phase != FLUSH_ROWS:  # noqa: SIM102
+                if not flush:  # noqa: SIM102
+                    if vs == 0:  # one writer per (row, head) for the K-side rows
+                        g_cache[slot, hv, c, :] = g.to(g_cache.dtype)
+                        if hv % group == 0:  # and one per key head under GQA
+                            k_cache[slot, h, c, :] = kv.to(k_cache.dtype)
+        if phase != FLUSH_ROWS:  # noqa: SIM102 (padding rows get a zero output, once)
+            if not valid:
+                for tv_pad in hl.tile(BVs, block_size=block_v):
+                    out[bi, hv, vs, tv_pad] = hl.zeros([tv_pad], dtype=out.dtype)
 
 
 def cursor_step_body(

@@ -8,7 +8,12 @@ tensor's shape, strides, dtype and device, the scalar arguments, the pointers' a
 of that is fixed; only the data pointers move. So the first launch of a signature goes through
 Helion and Triton once, recording the compiled kernel's launcher and its argument list, and
 later launches call that launcher with the new pointers (Triton's launcher takes integers as
-pointers).
+pointers). Where Triton's version is one whose launch call is known (3.4 to 3.6), a replay
+calls the compiled kernel's native launcher directly, with the function handle and metadata
+looked up once: Triton's per-call runner looks up the current device and stream through its
+driver and reads several attributes through ``CompiledKernel.__getattribute__``, which is
+most of the remaining host time. A launch hook installed in Triton (a profiler) sends every
+replay through Triton's own runner, so the hook sees it.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def tensor_signature(t: object) -> tuple[Any, ...] | None:
 def pointer_residues(pointers: Sequence[int]) -> tuple[int, ...]:
     """The pointers modulo the alignment Triton specialises on (with the fixed byte offsets of
     the views, these decide every launched pointer's alignment)."""
-    return tuple(p % _ALIGNMENT for p in pointers)
+    return tuple(map(_ALIGNMENT.__rmod__, pointers))
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,63 @@ class TensorSource:
 
     base: int
     offset: int
+
+
+# Triton versions whose CompiledKernel runner calls ``run(grid_x, grid_y, grid_z, stream,
+# function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``.
+_DIRECT_TRITON = ((3, 4), (3, 5), (3, 6))
+
+
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    return tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a Triton launch hook is installed: a callable, or a hook chain (Triton 3.5 on
+    keeps one per hook, never None) that holds any."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return not isinstance(calls, list) or bool(calls)
+
+
+class _DirectRunner:
+    """The compiled kernel's native launcher with its fixed arguments bound (see the module
+    docstring); Triton's own runner whenever a launch hook is installed."""
+
+    def __init__(self, compiled: Any, grid: tuple[int, ...], device: int) -> None:
+        from triton import knobs
+
+        self._fallback = compiled[grid]
+        self._knobs = knobs.runtime
+        self._native = compiled.run
+        self._fixed = (compiled.function, compiled.packed_metadata, None, None, None)
+        self._grid = grid
+        self._device = device
+        self._raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def __call__(self, *args: Any) -> None:
+        hooks = self._knobs
+        if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+            self._fallback(*args)
+            return
+        x, y, z = self._grid
+        self._native(x, y, z, self._raw_stream(self._device), *self._fixed, *args)
+
+
+def _runner(compiled: Any, grid: tuple[int, ...], device: int) -> Callable[..., Any]:
+    grid3 = (*grid, 1, 1)[:3]
+    runner: Callable[..., Any] = compiled[grid3]  # loads the module (Triton's _init_handles)
+    if _triton_version() in _DIRECT_TRITON and all(
+        hasattr(compiled, name) for name in ("run", "function", "packed_metadata")
+    ):
+        try:
+            return _DirectRunner(compiled, grid3, device)
+        except (ImportError, AttributeError):
+            pass
+    return runner
 
 
 class LaunchPlan:
@@ -97,14 +159,18 @@ class _Recorder:
 
 
 def launch_and_record(
-    kernel: Any, kernel_args: tuple[Any, ...], sources: Sequence[TensorSource | None]
+    kernel: Any,
+    kernel_args: tuple[Any, ...],
+    sources: Sequence[TensorSource | None],
+    device: int,
 ) -> LaunchPlan | None:
     """Launch ``kernel`` (a Helion kernel) once on ``kernel_args`` and return a plan that
     repeats that launch, or None when the launch cannot be replayed.
 
     ``sources[i]`` says where tensor argument ``kernel_args[i]`` points (None for non-tensors).
     The first launch of a specialisation goes through Helion's checked path, which compiles;
-    its plan is recorded on the next launch.
+    its plan is recorded on the next launch. ``device`` is the CUDA device index the launch
+    runs on (the plan launches on that device's current stream).
     """
     bound = kernel.bind(kernel_args)
     run = getattr(bound, "_run", None)  # Helion 1.5's generated host function, once compiled
@@ -129,4 +195,4 @@ def launch_and_record(
             return None
         template[position] = 0
         pointers.append((position, source))
-    return LaunchPlan(compiled[(*grid, 1, 1)[:3]], template, pointers)
+    return LaunchPlan(_runner(compiled, grid, device), template, pointers)

@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("helion")
 
-from replaylint.kernels import ReplaySSMCache, next_write_pos, replayssm_decode  # noqa: E402
+from replaylint.kernels import ReplaySSMCache, _decode, next_write_pos, replayssm_decode  # noqa: E402
+from replaylint.kernels._configs import CONFIGS  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -451,3 +452,87 @@ def test_launch_respecialises_on_alignment_and_batch() -> None:
         torch.cuda.synchronize()
         assert torch.equal(outs[0], outs[2])
         assert _rel(outs[1], outs[0]) <= SAME_MATH_TOL
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_two_pass_steps_match_one_pass_steps(state_dtype: torch.dtype) -> None:
+    """A step in two launches (appending rows, then flushing rows) writes what one launch
+    writes: staggered cursors, forced flushes and a padding row, several steps, also replayed
+    from a CUDA graph."""
+    B, H, HV, K, V, L, S = 40, 8, 16, 128, 128, 16, 44
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    cache = ReplaySSMCache(S, H, HV, K, V, L, state_dtype=state_dtype, device=DEV)
+    cache.state.copy_(0.1 * torch.randn(cache.state.shape, generator=gen, device=DEV))
+    _fill_ring(cache, gen)
+    start = [t.clone() for t in (cache.state, cache.d_cache, cache.k_cache, cache.g_cache)]
+    A_log, dt_bias = _params(HV, K, gen)
+    idx = torch.randperm(S, generator=gen, device=DEV)[:B].to(torch.int32)
+    idx[5] = -1
+    steps = [
+        (
+            _inputs(B, H, HV, K, V, torch.bfloat16, gen),
+            torch.randint(0, L, (B,), generator=gen, device=DEV).to(torch.int32),
+            (torch.rand(B, generator=gen, device=DEV) < 0.2).to(torch.int32),
+        )
+        for _ in range(4)
+    ]
+    results = []
+    for passes in (1, 2):
+        config = {
+            "split": 1,
+            "flush": "dot",
+            "dot_precision": "ieee",
+            "passes": passes,
+            "block_sizes": [16],
+            "num_warps": 1,
+            "num_stages": 1,
+        }
+        _decode.CONFIG_OVERRIDE = dict.fromkeys(CONFIGS, config)
+        try:
+            pool = [s.clone() for s in start]
+            outs = [torch.full((B, 1, HV, V), float("nan"), dtype=torch.bfloat16, device=DEV)]
+            outs += [torch.empty_like(outs[0]) for _ in steps[1:]]
+
+            def run(pool: list[torch.Tensor] = pool, outs: list[torch.Tensor] = outs) -> None:
+                for (inp, write_pos, ff), out in zip(steps, outs, strict=True):
+                    replayssm_decode(
+                        **inp,
+                        A_log=A_log,
+                        dt_bias=dt_bias,
+                        scale=K**-0.5,
+                        initial_state=pool[0],
+                        d_cache=pool[1],
+                        k_cache=pool[2],
+                        g_cache=pool[3],
+                        out=out,
+                        ssm_state_indices=idx,
+                        write_pos=write_pos,
+                        force_flush=ff,
+                        use_qk_l2norm_in_kernel=True,
+                    )
+
+            run()  # eager (compiles), then the same steps again from a graph
+            torch.cuda.synchronize()
+            eager = [t.clone() for t in (*outs, *pool)]
+            for t, s in zip(pool, start, strict=True):
+                t.copy_(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            for t, s in zip(pool, start, strict=True):
+                t.copy_(s)
+            graph.replay()
+            torch.cuda.synchronize()
+            for got, want in zip((*outs, *pool), eager, strict=True):
+                assert torch.equal(got, want)
+            results.append(eager)
+        finally:
+            _decode.CONFIG_OVERRIDE = None
+    for out in results[0][: len(steps)]:
+        assert bool(torch.isfinite(out.float()).all())
+        assert torch.equal(out[5].float(), torch.zeros_like(out[5].float()))  # padding row
+    # The same arithmetic in both: float32 values agree to rounding of the summation order;
+    # bf16 ones (outputs, bf16 pools) to a few flipped roundings.
+    for got, want in zip(results[1], results[0], strict=True):
+        assert _rel(got, want) <= (1e-5 if got.dtype == torch.float32 else SAME_MATH_TOL)
+    assert _rel(results[0][len(steps)], start[0]) > 1e-3  # the steps flushed into the state

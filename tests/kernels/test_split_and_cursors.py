@@ -51,11 +51,12 @@ DOT_CASE = Case(
 )
 
 
-@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize(("split", "passes"), [(1, 1), (2, 1), (1, 2)])
 def test_flush_as_matrix_product_matches_the_replay_reference(
-    split: int, monkeypatch: pytest.MonkeyPatch
+    split: int, passes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_decode, "INTERPRETER_SPLIT", split)
+    monkeypatch.setattr(_decode, "INTERPRETER_PASSES", passes)
     monkeypatch.setattr(_decode, "INTERPRETER_BLOCK_V", 16)
     monkeypatch.setattr(_decode, "INTERPRETER_FLUSH", "dot")
     case = DOT_CASE
@@ -86,18 +87,21 @@ def test_flush_as_matrix_product_matches_the_replay_reference(
     assert rel_err(pool.state, before.state) > 1e-3
 
 
-# (split, V tile): whole slices, and slices walked in several tiles (a partial last one for V=12).
-LAYOUTS = [(2, None), (4, None), (8, None), (1, 4), (2, 4)]
+# (split, V tile, passes): whole slices, slices walked in several tiles (a partial last one for
+# V=12), and steps in two passes (appending rows, then flushing rows: padding and forced
+# flushes mixed in).
+LAYOUTS = [(2, None, 1), (4, None, 1), (8, None, 1), (1, 4, 1), (2, 4, 1), (1, None, 2), (2, 4, 2)]
 
 
-@pytest.mark.parametrize(("split", "block_v"), LAYOUTS)
+@pytest.mark.parametrize(("split", "block_v", "passes"), LAYOUTS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_split_matches_the_replay_reference(
-    name: str, split: int, block_v: int | None, monkeypatch: pytest.MonkeyPatch
+    name: str, split: int, block_v: int | None, passes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     case = CASES[name]
     monkeypatch.setattr(_decode, "INTERPRETER_SPLIT", split)
     monkeypatch.setattr(_decode, "INTERPRETER_BLOCK_V", block_v)
+    monkeypatch.setattr(_decode, "INTERPRETER_PASSES", passes)
     gen = torch.Generator().manual_seed(7)
     params = make_params(case, gen)
     pool = make_pool(case)
