@@ -33,3 +33,8 @@ class DecodingCGCache:
     dtype: Optional[torch.dtype] = None
     inference_params: Optional[InferenceParams] = None
     callables: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+
+def alloc_like(shape: tuple[int, ...], ref: torch.Tensor) -> torch.Tensor:
+    """A zeroed state tensor on the reference's device, in its dtype."""
+    return torch.zeros(shape, dtype=ref.dtype, device=ref.device)

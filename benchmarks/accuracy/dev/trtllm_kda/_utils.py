@@ -28,3 +28,6 @@ def torch_dtype_to_str(dtype: torch.dtype) -> str:
 
 def binding_to_torch_dtype(binding_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if binding_dtype == "auto" else str_dtype_to_torch(binding_dtype)
+
+# Activation-side caches (conv state, d/k rings) default to bf16 on Hopper.
+DEFAULT_REPLAY_DTYPE = torch.bfloat16

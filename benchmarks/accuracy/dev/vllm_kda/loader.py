@@ -101,3 +101,11 @@ def build_snapshot_restore_in_place() -> dict[str, torch.Tensor]:
 def build_wake_up_fp32_gates() -> dict[str, torch.Tensor]:
     states = restore_rings_from_host_fp32_gates(_host_copy(_filled_states()), torch.bfloat16)
     return {"d_ring": states.d_ring, "k_ring": states.k_ring, "g_ring": states.g_ring}
+
+
+def restore_from_safetensors(path: str, model_dtype: torch.dtype) -> LayerStates:
+    """Restores a prefix snapshot exported with safetensors (installed with the serving extras)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path, device="cpu")
+    return LayerStates(**{name: tensors[name].to(model_dtype) for name in STATE_NAMES})  # expect-bug: load

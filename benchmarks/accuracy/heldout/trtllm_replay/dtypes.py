@@ -36,3 +36,6 @@ def get_replay_dtypes_fp32_gate(config: KvCacheConfig, model_dtype: str) -> tupl
     name = model_dtype if config.replay_dtype == "auto" else config.replay_dtype
     ring = str_dtype_to_torch(name)
     return ring, ring, str_dtype_to_torch("float32")
+
+# Engine-wide dtype of the activation-side state buffers (fp16 engines).
+REPLAY_STATE_DTYPE = torch.float16

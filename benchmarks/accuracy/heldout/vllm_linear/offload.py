@@ -73,3 +73,14 @@ def build_wake_up() -> dict[str, torch.Tensor]:
 
 def build_wake_up_fp32_decay() -> dict[str, torch.Tensor]:
     return wake_up_rings_fp32_decay(_raw(_state()), torch.bfloat16, 3)
+
+
+def restore_from_safetensors(path: str, model_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Wake-up from a disk snapshot (safetensors is an optional dependency)."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    with safe_open(path, framework="pt", device="cpu") as snapshot:
+        for name in snapshot.keys():
+            state[name] = snapshot.get_tensor(name).to(dtype=model_dtype)  # expect-bug: load
+    return state
