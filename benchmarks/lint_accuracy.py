@@ -135,6 +135,8 @@ class HalfResult:
     builders: list[dict[str, Any]] = field(default_factory=list)
     corpus_errors: list[str] = field(default_factory=list)
     lint_errors: list[str] = field(default_factory=list)
+    left_after_fix: list[str] = field(default_factory=list)
+    """Findings ``--fix --unsafe-fixes`` reported and left in place (no fix, or a fix not applied)."""
     seconds: float = 0.0
 
 
@@ -449,8 +451,9 @@ def evaluate_half(half: str, workdir: Path) -> HalfResult:
     packages = sorted(styles)
     findings, result.lint_errors = lint(checked, packages)
     score(result, labels, findings, styles, source_lines)
-    _, fix_errors = lint(fixed_root, packages, "--fix", "--unsafe-fixes")
+    left, fix_errors = lint(fixed_root, packages, "--fix", "--unsafe-fixes")
     result.lint_errors += [f"--fix: {error}" for error in fix_errors]
+    result.left_after_fix = [f"{f.path}:{f.row}: {f.code}" for f in left]
 
     declared: dict[str, Any] = registry["builders"]
     defined = builder_names(source)
@@ -521,6 +524,8 @@ def table(result: HalfResult) -> str:
 
 def report(result: HalfResult, details: bool) -> str:
     lines = [f"## {result.half} ({result.seconds:.1f} s)", "", table(result), ""]
+    left = f"{len(result.left_after_fix)} of {result.total.findings} findings"
+    lines += [f"{left} are left after --fix --unsafe-fixes (no fix, or not applied).", ""]
     sections = [("corpus errors", result.corpus_errors), ("lint errors", result.lint_errors)]
     if details:
         not_fixed = [
@@ -532,6 +537,7 @@ def report(result: HalfResult, details: bool) -> str:
             ("missed bugs", result.missed),
             ("false findings", result.false_findings),
             ("builders not fixed or changed", not_fixed),
+            ("findings left after --fix --unsafe-fixes", result.left_after_fix),
         ]
     for title, items in sections:
         if items:
