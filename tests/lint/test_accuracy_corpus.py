@@ -243,3 +243,38 @@ def test_the_linted_copy_carries_no_label(tmp_path: Path) -> None:
         original, text = path.read_text("utf-8"), copied.read_text("utf-8")
         assert "expect-bug" not in text
         assert len(text.splitlines()) == len(original.splitlines())
+
+
+def test_each_package_is_linted_as_its_own_project(tmp_path: Path) -> None:
+    for name, call in (("taught", "g_ring"), ("untaught", "other")):
+        package = tmp_path / name
+        package.mkdir()
+        (package / "__init__.py").write_text("", encoding="utf-8")
+        (package / "pool.py").write_text(
+            "import torch\n\n"
+            "g_ring = torch.zeros(4, dtype=torch.bfloat16)\n"
+            f"fused_recurrent_kda_replayssm_decode(*range(9), g_cache={call})\n",
+            encoding="utf-8",
+        )
+    findings, errors = acc.lint(tmp_path, ["taught", "untaught"])
+    assert errors == []
+    # The name learned from the decode call in one package does not carry over to the other.
+    assert {f.path for f in findings} == {"taught/pool.py"}
+    assert ("taught/pool.py", 3, "RL001") in [(f.path, f.row, f.code) for f in findings]
+
+
+def test_reports_of_files_that_could_not_be_linted_are_errors(tmp_path: Path) -> None:
+    report = json.dumps(
+        [
+            {"code": None, "message": "could not parse", "filename": str(tmp_path / "a" / "x.py")},
+            {
+                "code": "RL003",
+                "message": "m",
+                "filename": str(tmp_path / "a" / "y.py"),
+                "location": {"row": 7, "column": 1},
+            },
+        ]
+    )
+    findings, errors = acc.read_findings(report, tmp_path)
+    assert findings == [acc.Finding("a/y.py", 7, "RL003", "m")]
+    assert errors == ["a/x.py: could not parse"]
