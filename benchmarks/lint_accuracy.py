@@ -308,6 +308,24 @@ def builder_names(root: Path) -> list[str]:
     return names
 
 
+def package_of(builder: str) -> str:
+    """``vllm_kda`` for ``vllm_kda.cache:build_x``."""
+    return builder.split(":", 1)[0].split(".", 1)[0]
+
+
+def registered(registry: dict[str, Any], builder: str) -> tuple[bool, list[str]]:
+    """What the registry says of a builder: buggy or not, and the patterns of its gate caches.
+
+    An entry is ``true``/``false``, or ``{"buggy": ..., "gates": [...]}`` to override the
+    package's gate patterns.
+    """
+    entry = registry["builders"][builder]
+    if isinstance(entry, bool):
+        entry = {"buggy": entry}
+    patterns: list[str] = entry.get("gates", registry["packages"][package_of(builder)]["gates"])
+    return bool(entry["buggy"]), patterns
+
+
 def gate_paths(tensors: dict[str, Any], patterns: list[str]) -> list[str]:
     """The flattened paths (``a.0.g_cache``) that a gate pattern matches, whole or in one part."""
     return sorted(
@@ -414,9 +432,7 @@ def lint(root: Path, packages: list[str], *extra: str) -> tuple[list[Finding], l
             check=False,
         )
         if done.returncode != 0:
-            return [], [
-                f"the linter failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"
-            ]
+            raise RuntimeError(f"the linter runner failed:\n{done.stderr[-4000:]}")
         findings: list[Finding] = []
         errors: list[str] = []
         for package, code in json.loads(done.stdout.strip().splitlines()[-1]).items():
@@ -465,13 +481,10 @@ def evaluate_half(half: str, workdir: Path) -> HalfResult:
     first, again = run_builders(checked, targets), run_builders(checked, targets)
     after = run_builders(fixed_root, targets)
     for name in targets:
-        package = name.split(".", 1)[0].split(":", 1)[0]
-        entry = declared[name]
-        if isinstance(entry, bool):
-            entry = {"buggy": entry}
-        patterns: list[str] = entry.get("gates", registry["packages"][package]["gates"])
+        package = package_of(name)
+        expected_buggy, patterns = registered(registry, name)
         outcome, errors = compare_builder(
-            name, bool(entry["buggy"]), patterns, first[name], again[name], after[name]
+            name, expected_buggy, patterns, first[name], again[name], after[name]
         )
         outcome["style"] = styles[package]
         result.builders.append(outcome)

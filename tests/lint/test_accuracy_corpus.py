@@ -214,12 +214,9 @@ def test_every_corpus_module_imports_and_every_builder_runs_as_registered(half: 
     assert not failed
     errors: list[str] = []
     for name in defined:
-        package = name.split(".", 1)[0].split(":", 1)[0]
-        entry = registry["builders"][name]
-        entry = {"buggy": entry} if isinstance(entry, bool) else entry
-        patterns = entry.get("gates", registry["packages"][package]["gates"])
+        buggy, patterns = acc.registered(registry, name)
         result = results[name]
-        errors += acc.compare_builder(name, entry["buggy"], patterns, result, result, result)[1]
+        errors += acc.compare_builder(name, buggy, patterns, result, result, result)[1]
     assert not errors
 
 
