@@ -390,6 +390,12 @@ def compare_builder(
         wrong = [p for p in gate_paths(after, patterns) if after[p]["dtype"] != "torch.float32"]
         outcome["outcome"] = "fixed" if gate_paths(after, patterns) and not wrong else "not fixed"
         outcome["still_wrong"] = wrong
+        # A fix should change the gate caches only: d/k rings and states keep their dtypes.
+        outcome["other_dtypes_changed"] = sorted(
+            path
+            for path, summary in tensors.items()
+            if path not in gates and after.get(path, {}).get("dtype") != summary["dtype"]
+        )
     else:
         changed = sorted(
             path
@@ -538,7 +544,16 @@ def table(result: HalfResult) -> str:
 def report(result: HalfResult, details: bool) -> str:
     lines = [f"## {result.half} ({result.seconds:.1f} s)", "", table(result), ""]
     left = f"{len(result.left_after_fix)} of {result.total.findings} findings"
-    lines += [f"{left} are left after --fix --unsafe-fixes (no fix, or not applied).", ""]
+    lines += [f"{left} are left after --fix --unsafe-fixes (no fix, or not applied)."]
+    collateral = [
+        f"{b['builder']}: {', '.join(b['other_dtypes_changed'])}"
+        for b in result.builders
+        if b.get("other_dtypes_changed")
+    ]
+    lines += [
+        f"{len(collateral)} buggy builders had the dtype of a tensor other than a gate cache changed by the fix.",
+        "",
+    ]
     sections = [("corpus errors", result.corpus_errors), ("lint errors", result.lint_errors)]
     if details:
         not_fixed = [
@@ -551,6 +566,7 @@ def report(result: HalfResult, details: bool) -> str:
             ("false findings", result.false_findings),
             ("builders not fixed or changed", not_fixed),
             ("findings left after --fix --unsafe-fixes", result.left_after_fix),
+            ("buggy builders whose other tensors changed dtype", collateral),
         ]
     for title, items in sections:
         if items:

@@ -147,6 +147,14 @@ def test_a_buggy_builder_is_fixed_only_when_every_gate_cache_is_float32() -> Non
     assert outcomes == ["not fixed", "fixed", "error after the fix"]
 
 
+def test_a_fix_that_also_changes_another_tensors_dtype_is_reported() -> None:
+    before = _run(g_cache=_summary("torch.bfloat16"), d_cache=_summary("torch.bfloat16"))
+    after = _run(g_cache=_summary("torch.float32"), d_cache=_summary("torch.float32"))
+    outcome, _ = acc.compare_builder("m:build_x", True, ["g_cache"], before, before, after)
+    assert outcome["outcome"] == "fixed"
+    assert outcome["other_dtypes_changed"] == ["d_cache"]
+
+
 def test_a_registry_flag_that_contradicts_the_builder_is_a_corpus_error() -> None:
     before = _run(g_cache=_summary("torch.float32"))
     _, errors = acc.compare_builder("m:build_x", True, ["g_cache"], before, before, before)
