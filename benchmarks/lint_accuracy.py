@@ -584,14 +584,22 @@ def half_payload(result: HalfResult) -> dict[str, Any]:
 
 
 def environment() -> dict[str, str]:
-    import replaylint
+    """Date, machine and the versions of everything the numbers depend on."""
+    from importlib import metadata
+
+    def version(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
 
     return {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
         "cpus": str(os.cpu_count()),
-        "replaylint": getattr(replaylint, "__version__", "?"),
+        **{name: version(name) for name in ("replaylint", "libcst", "torch", "numpy")},
     }
 
 
