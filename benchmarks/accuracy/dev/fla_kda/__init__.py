@@ -1,0 +1,1 @@
+"""Kimi Delta Attention with ReplaySSM decode, laid out like flash-linear-attention."""

@@ -1,0 +1,1 @@
+"""Kimi Delta Attention with ReplaySSM decode, organised like flash-linear-attention."""

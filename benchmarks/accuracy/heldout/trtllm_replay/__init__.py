@@ -1,0 +1,1 @@
+"""Hybrid KDA serving pieces in TensorRT-LLM's PyTorch-backend layout."""

@@ -1,0 +1,1 @@
+"""Hybrid KDA model executor pieces in vLLM's style: cache specs, a layer, offload, loading."""
