@@ -164,8 +164,11 @@ class Provenance:
                 return self.dtype_facts(expr.orelse, site, env)
             return self.dtype_facts(expr.body, site, env) + self.dtype_facts(expr.orelse, site, env)
         if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
-            # `dtype or self.dtype`: either operand
-            return self.dtype_facts(expr.left, site, env) + self.dtype_facts(expr.right, site, env)
+            # `dtype or self.dtype`: either operand, the right one alone when the left is None
+            right = self.dtype_facts(expr.right, site, env)
+            if members.is_none(self, expr.left, site):
+                return right
+            return self.dtype_facts(expr.left, site, env) + right
         if isinstance(expr, cst.Name) and expr.value not in env:
             found = self.lookup(expr.value, site, env)
             if not found:
@@ -203,6 +206,10 @@ class Provenance:
         ):
             default = members.default_dtype(self, env)
             return default if default is not None else (DtypeFact(None, expr),)
+        if isinstance(expr, cst.Call):
+            returned = members.returned_dtype(self, expr, site)
+            if returned is not None:
+                return returned
         if isinstance(expr, cst.Subscript):
             mapping, mapping_site = containers.dict_literal(self, expr.value, site, env)
             if mapping is not None:
