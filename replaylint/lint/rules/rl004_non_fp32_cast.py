@@ -148,6 +148,34 @@ and state-dict loads.
                 return {"g_cache": g_cache.to(**moved), "d_cache": g_cache.view(torch.float32)}
             """
         ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+
+            _GATE_DTYPE = torch.float
+
+            def gate_dtype():
+                return _GATE_DTYPE
+
+            class Ring(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+                def _apply(self, fn, recurse=True):
+                    # the class decides what a module cast does: it keeps its gate ring
+                    g_cache = self.g_cache
+                    super()._apply(fn, recurse)
+                    self.g_cache = g_cache.to(device=self.g_cache.device)
+                    return self
+
+            def snapshot(shape, saved):
+                # a helper of the module that returns float32
+                g_cache = saved.clone().to(dtype=gate_dtype())
+                return Ring(shape).to(torch.bfloat16), g_cache
+            """
+        ),
     )
     INVALID = (
         Invalid(
