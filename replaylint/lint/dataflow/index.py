@@ -31,6 +31,7 @@ class ModuleIndex:
         self._reads: dict[tuple[int, str], int] = {}
         self._calls: dict[str, list[cst.Call]] | None = None
         self._classes: list[cst.ClassDef] | None = None
+        self._withs: list[cst.With] | None = None
         self._assigned: set[str] | None = None
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
@@ -88,6 +89,13 @@ class ModuleIndex:
         assert self._classes is not None
         return self._classes
 
+    def withs(self) -> list[cst.With]:
+        """Every ``with`` statement of the module."""
+        if self._withs is None:
+            self._collect()
+        assert self._withs is not None
+        return self._withs
+
     def assigns_attribute(self, name: str) -> bool:
         """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or sets
         attributes by name (``setattr``), anywhere."""
@@ -99,6 +107,7 @@ class ModuleIndex:
     def _collect(self) -> None:
         calls: dict[str, list[cst.Call]] = {}
         classes: list[cst.ClassDef] = []
+        withs: list[cst.With] = []
         assigned: set[str] = set()
         stack: list[cst.CSTNode] = [self.module]
         while stack:
@@ -122,5 +131,8 @@ class ModuleIndex:
                     assigned.add("*")
             elif isinstance(node, cst.ClassDef):
                 classes.append(node)
+            elif isinstance(node, cst.With):
+                withs.append(node)
             stack.extend(reversed(node.children))
         self._calls, self._classes, self._assigned = calls, classes, assigned
+        self._withs = withs

@@ -164,9 +164,10 @@ class Provenance:
                 return self.dtype_facts(expr.orelse, site, env)
             return self.dtype_facts(expr.body, site, env) + self.dtype_facts(expr.orelse, site, env)
         if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
-            # `dtype or self.dtype`: either operand, the right one alone when the left is None
+            # `dtype or self.dtype`: either operand; `dtype or torch.float32` with a dtype that is
+            # None (a default no call overrides) is float32
             right = self.dtype_facts(expr.right, site, env)
-            if members.is_none(self, expr.left, site):
+            if all(f.is_float32 for f in right) and members.is_none(self, expr.left, site):
                 return right
             return self.dtype_facts(expr.left, site, env) + right
         if isinstance(expr, cst.Name) and expr.value not in env:
@@ -490,14 +491,7 @@ class Provenance:
                 )
                 return
         if allocation.kind == "factory":
-            yield TensorFact(
-                Kind.INHERITED,
-                call,
-                allocation=allocation,
-                call=call,
-                detail=defaults.default_dtype_detail(self, site, env),
-                target=AddDtypeArgument(call),
-            )
+            yield defaults.default_dtype_fact(self, allocation, site, env)
             return
         if allocation.kind == "like":
             positional = positional_args(call)

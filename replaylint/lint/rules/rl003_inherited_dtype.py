@@ -27,6 +27,12 @@ when state pools are allocated. `torch.zeros_like(d_cache)`, `d_cache.new_zeros(
 `x.clone()` take the dtype of the tensor they start from, which for d and k rings is the model
 dtype. The code looks correct in a float32 unit test and is bf16 in production.
 
+Reported where the default may be another dtype than float32: in a class's code (a module's
+`__init__`, a dataclass field's `default_factory`: loaders construct them under the model dtype),
+under a setting of the default that is not provably float32, and in a function of the module that
+such code calls. Elsewhere — a plain function or module-level code that nothing runs under
+another default — the allocation takes torch's own default, float32, and is not reported.
+
 When the code sets the default itself — `torch.set_default_dtype(...)` earlier in the function or
 at module level, or a context manager around the allocation that sets it (vLLM's
 `set_default_torch_dtype(dtype)`, or a `@contextmanager` of the module that calls
@@ -110,6 +116,19 @@ time.
             g_cache = zeros(4, 16)
             """
         ),
+        Valid(
+            """
+            import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+
+            def load(model_class, config, shape):
+                with set_default_torch_dtype(config.dtype):
+                    model = model_class(config)
+                # after the loader's context: torch's own default, float32
+                g_cache = -torch.rand(shape)
+                return model, g_cache
+            """
+        ),
     )
     INVALID = (
         Invalid(
@@ -175,37 +194,51 @@ time.
         Invalid(
             """
             import torch
-            factory_kwargs = {"device": device}
-            g_cache = torch.empty(
-                shape,
-                **factory_kwargs,
-            )
+
+            class Pool(torch.nn.Module):
+                def __init__(self, shape, device):
+                    super().__init__()
+                    factory_kwargs = {"device": device}
+                    self.g_cache = torch.empty(
+                        shape,
+                        **factory_kwargs,
+                    )
             """,
             expected_fix="""
             import torch
-            factory_kwargs = {"device": device}
-            g_cache = torch.empty(
-                shape,
-                **factory_kwargs, dtype=torch.float32,
-            )
+
+            class Pool(torch.nn.Module):
+                def __init__(self, shape, device):
+                    super().__init__()
+                    factory_kwargs = {"device": device}
+                    self.g_cache = torch.empty(
+                        shape,
+                        **factory_kwargs, dtype=torch.float32,
+                    )
             """,
         ),
         Invalid(
             """
             import functools
             import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
             on_device = functools.partial(torch.empty, device="cuda")
-            d_cache = on_device(4, 16)
-            g_cache = on_device(4, 16)
+
+            with set_default_torch_dtype(torch.bfloat16):
+                d_cache = on_device(4, 16)
+                g_cache = on_device(4, 16)
             """,
             expected_fix="""
             import functools
             import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
             on_device = functools.partial(torch.empty, device="cuda")
-            d_cache = on_device(4, 16)
-            g_cache = on_device(4, 16, dtype=torch.float32)
+
+            with set_default_torch_dtype(torch.bfloat16):
+                d_cache = on_device(4, 16)
+                g_cache = on_device(4, 16, dtype=torch.float32)
             """,
             message_contains="torch's default dtype",
         ),
