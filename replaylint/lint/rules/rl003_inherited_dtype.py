@@ -119,6 +119,15 @@ time.
         Valid(
             """
             import torch
+
+            def clear_slot(g_cache, d_cache, slot):
+                # written into the float32 ring: the copy casts it
+                g_cache[slot] = d_cache[slot].new_zeros(g_cache.shape[1:])
+            """
+        ),
+        Valid(
+            """
+            import torch
             from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
             def load(model_class, config, shape):
@@ -241,6 +250,35 @@ time.
                 g_cache = on_device(4, 16, dtype=torch.float32)
             """,
             message_contains="torch's default dtype",
+        ),
+        Invalid(
+            """
+            import torch
+
+            class LayerCaches:
+                def __init__(self, layers, shape):
+                    self.d_cache = [torch.zeros(shape) for _ in range(layers)]
+                    self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+                def reset(self, layer):
+                    # `g_cache` is a list of rings: the element is replaced, not written into
+                    self.g_cache[layer] = self.d_cache[layer].new_zeros(self.g_cache[layer].shape)
+                    self.d_cache[layer].zero_()
+            """,
+            expected_fix="""
+            import torch
+
+            class LayerCaches:
+                def __init__(self, layers, shape):
+                    self.d_cache = [torch.zeros(shape) for _ in range(layers)]
+                    self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+                def reset(self, layer):
+                    # `g_cache` is a list of rings: the element is replaced, not written into
+                    self.g_cache[layer] = self.d_cache[layer].new_zeros(self.g_cache[layer].shape, dtype=torch.float32)
+                    self.d_cache[layer].zero_()
+            """,
+            message_contains="the dtype of `self.d_cache[layer]`",
         ),
         Invalid(
             """
