@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
+from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
     BINARY_METHODS,
@@ -179,22 +180,46 @@ def _rank(facts: Sequence[TensorFact]) -> int | None:
 
 
 def is_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> bool:
-    """Whether ``expr`` is a Python number: a literal, a negated one, or a name bound to one."""
+    """Whether ``expr`` is a Python number: a literal, a negated one, ``float(...)``,
+    ``int(...)``, ``t.item()``, a parameter annotated ``float`` or ``int``, or a name bound to
+    one of those."""
     if isinstance(expr, (cst.Integer, cst.Float)):
         return True
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus)):
         return is_number(prov, expr.expression, site, env)
     if isinstance(expr, cst.BinaryOperation):
         return is_number(prov, expr.left, site, env) and is_number(prov, expr.right, site, env)
+    if isinstance(expr, cst.Call):
+        if method_name(expr) == "item" and not expr.args:
+            return True
+        return isinstance(expr.func, cst.Name) and bool(
+            prov.index.qualified_names(expr.func) & _NUMBER_BUILTINS
+        )
     if isinstance(expr, cst.Name) and bound_in(env, expr) is None:
         found = prov.lookup(expr.value, site, env)
         return bool(found) and all(
-            binding.kind == "assign"
-            and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation))
-            and is_number(prov, binding.value, binding_site, env)
+            _number_binding(prov, binding, binding_site, env)
             for binding, binding_site in found or ()
         )
     return False
+
+
+_NUMBER_BUILTINS = frozenset({"float", "int"})
+
+
+def _number_binding(prov: Provenance, binding: Binding, site: Site, env: Env) -> bool:
+    if binding.kind == "param":
+        annotation = binding.node.annotation if isinstance(binding.node, cst.Param) else None
+        return (
+            annotation is not None
+            and isinstance(annotation.annotation, cst.Name)
+            and annotation.annotation.value in _NUMBER_BUILTINS
+        )
+    return (
+        binding.kind == "assign"
+        and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Call))
+        and is_number(prov, binding.value, site, env)
+    )
 
 
 def _parts(
@@ -206,7 +231,7 @@ def _parts(
             return None
         return [(element.value, site) for element in joined.elements]
     if isinstance(joined, (cst.ListComp, cst.GeneratorExp)):
-        return [(joined.elt, site)]
+        return [(joined, site)]  # its facts are its element's, with the loop variable bound
     if (
         isinstance(joined, cst.BinaryOperation)
         and isinstance(joined.operator, cst.Multiply)

@@ -22,13 +22,14 @@ forms; casts (:mod:`.casts`), loads (:mod:`.loads`) and statically known strings
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from replaylint.lint.dataflow import (
     callables,
+    callers,
     casts,
     collisions,
     containers,
@@ -90,6 +91,7 @@ class Provenance:
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: frozenset[str] | None = field(default=None)
+    _passed: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -275,7 +277,7 @@ class Provenance:
             return
         # Per-layer rings: `g_caches = [torch.zeros(...) for _ in range(layers)]`.
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
-            yield from self.tensor_facts(expr.elt, site, env)
+            yield from self.tensor_facts(expr.elt, site, strings.element_env(expr, site, env))
             return
         if isinstance(expr, cst.DictComp):
             yield from self.tensor_facts(expr.value, site, env)
@@ -301,6 +303,11 @@ class Provenance:
         if self.index.gate_caches.matches(expr.value):
             yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
             return
+        if found and len(found) == 1 and found[0][0].kind == "param":
+            passed = callers.passed_facts(self, found[0][0], expr)
+            if passed is not None:
+                yield from passed
+                return
         for binding, binding_site in assigned:
             assert binding.value is not None
             for fact in self.tensor_facts(binding.value, binding_site, env):
@@ -499,6 +506,9 @@ class Provenance:
         else:  # new_*: the receiver's dtype
             source = method_receiver(self.index, call)
         source_facts = self.tensor_facts(source, site, env) if source is not None else ()
+        if source_facts and all(f.kind is Kind.PASSED for f in source_facts):
+            yield from source_facts  # the dtype the function's callers pass
+            return
         if self.all_float32(source_facts):
             yield TensorFact(Kind.FLOAT32, call)
             return
@@ -543,6 +553,15 @@ class Provenance:
             Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+
+    def passed_dtypes(
+        self, binding: Binding, compute: Callable[[], tuple[str, ...] | None]
+    ) -> tuple[str, ...] | None:
+        """What the module's calls pass for the parameter ``binding`` (see :mod:`.callers`)."""
+        if id(binding.node) not in self._passed:
+            self._passed[id(binding.node)] = None  # a call that passes the parameter on
+            self._passed[id(binding.node)] = compute()
+        return self._passed[id(binding.node)]
 
     def is_mapping(self, name: str) -> bool:
         """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""
