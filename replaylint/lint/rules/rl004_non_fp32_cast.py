@@ -34,7 +34,8 @@ so is `.to(other)` when `other` is known to be float32 (another gate cache).
 A cast is found wherever its result becomes a gate cache: returned from a `@property g_cache`,
 passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict or list literal or
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
-`.view(torch.bfloat16)` is a reinterpretation of the buffer's bits, reported as well.
+`.view(torch.bfloat16)` (or `.view(dtype)` of a name that holds a dtype: a parameter annotated
+`torch.dtype`, one named `dtype`) is a reinterpretation of the buffer's bits, reported as well.
 
 A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
 `model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
@@ -303,6 +304,18 @@ and state-dict loads.
                 pool.g_cache = pool.raw_ring.view(torch.bfloat16)
             """,
             message_contains="reinterprets",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def unpack(packed: torch.Tensor, d_bytes: int, dtype: torch.dtype):
+                # the packed bytes read back in the model dtype: reported, no fix
+                d_cache = packed[:, :d_bytes].view(dtype)
+                g_cache = packed[:, d_bytes:].contiguous().view(dtype)
+                return d_cache, g_cache
+            """,
+            message_contains="`.view(dtype)`, which reinterprets",
         ),
     )
 
