@@ -23,7 +23,7 @@ forms; casts (:mod:`.casts`), loads (:mod:`.loads`) and statically known strings
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -507,7 +507,8 @@ class Provenance:
             source = method_receiver(self.index, call)
         source_facts = self.tensor_facts(source, site, env) if source is not None else ()
         if source_facts and all(f.kind is Kind.PASSED for f in source_facts):
-            yield from source_facts  # the dtype the function's callers pass
+            # the dtype the function's callers pass; a dtype argument makes this one float32
+            yield from (replace(f, target=AddDtypeArgument(call)) for f in source_facts)
             return
         if self.all_float32(source_facts):
             yield TensorFact(Kind.FLOAT32, call)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
+from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, Kind, TensorFact
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
@@ -357,6 +357,29 @@ more precision).
         ),
         Invalid(
             """
+            import torch
+
+            def empty_ring(like, shape):
+                g_cache = like.new_zeros(shape)
+                return g_cache
+
+            def reset(x):
+                return empty_ring(x.to(torch.bfloat16), (4, 16))
+            """,
+            expected_fix="""
+            import torch
+
+            def empty_ring(like, shape):
+                g_cache = like.new_zeros(shape, dtype=torch.float32)
+                return g_cache
+
+            def reset(x):
+                return empty_ring(x.to(torch.bfloat16), (4, 16))
+            """,
+            message_contains="takes the dtype of `like`, which the calls of `empty_ring`",
+        ),
+        Invalid(
+            """
             from dataclasses import dataclass, field
             import torch
 
@@ -458,6 +481,15 @@ more precision).
     def _passed(self, binding: GateCacheBinding, facts: list[TensorFact]) -> None:
         """One finding where the gate cache is made from what the module's calls pass."""
         details = " and ".join(dict.fromkeys(fact.detail for fact in facts))
+        target = facts[0].target
+        if isinstance(target, AddDtypeArgument) and target.node is binding.value:
+            # `x.new_zeros(...)` of what callers pass: allocate it as float32
+            message = f"allocated without a dtype, so it takes the dtype of {details}"
+            fix = self.fix_for(
+                binding, facts[0], target, "Allocate it with dtype={float32}", Applicability.SAFE
+            )
+            self.report(binding.value, f"{self.subject(binding)} is {message}; {WHY}", fix=fix)
+            return
         fix = None
         # the cast copies: a view of the caller's tensor would stop sharing its storage
         made = (
