@@ -372,6 +372,22 @@ def test_a_class_constant_does_not_vouch_for_an_attribute_another_class_assigns(
             """,
             [(3, "RL003"), (6, "RL003")],
         ),
+        # a constructor's callers, a scale every call passes as a number, a list of tensors
+        (
+            """
+            import torch
+            class Spec:
+                def __init__(self, draft):
+                    self.spec_g_cache = draft.cumsum(-1)
+            def scaled(g, scale, rows):
+                g_cache = g.cumsum(-1) * scale
+                stacked_g_cache = torch.stack(rows)
+                return g_cache, stacked_g_cache
+            def run(x):
+                return Spec(x.bfloat16()), scaled(x.half(), 0.5, [x.half(), x.half()])
+            """,
+            [(4, "RL003"), (6, "RL003"), (7, "RL003")],
+        ),
         # not called in the module, called with float32, or through `**`: not decided
         (
             """

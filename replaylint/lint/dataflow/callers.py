@@ -44,11 +44,31 @@ def passed_facts(
     function = binding.scope
     assert isinstance(function, cst.FunctionDef)
     named = " or ".join(f"torch.{dtype}" for dtype in dtypes)
-    detail = f"`{binding.name}`, which the calls of `{function.name.value}` in this module pass as {named}"
+    owner = _owner(prov, function) if function.name.value == "__init__" else None
+    called = owner.name.value if owner is not None else function.name.value
+    detail = f"`{binding.name}`, which the calls of `{called}` in this module pass as {named}"
     return (TensorFact(Kind.PASSED, use, dtypes=facts, detail=detail),)
 
 
 def _passed_dtypes(prov: Provenance, binding: Binding) -> tuple[str, ...] | None:
+    values = passed_values(prov, binding)
+    if not values:
+        return None  # not called in the module, or a call that cannot be read
+    dtypes: set[str] = set()
+    for value in values:
+        for fact in _value_facts(prov, *value):
+            dtype = definite_dtype(fact)
+            if dtype is None:
+                return None
+            dtypes.add(dtype)
+    if not dtypes or (FLOAT32 in dtypes and len(dtypes) > 1):
+        return None  # called with float32 as well: not decided
+    return tuple(sorted(dtypes))
+
+
+def passed_values(prov: Provenance, binding: Binding) -> list[_Value] | None:
+    """What each call of the module passes for the parameter ``binding`` (its default where a
+    call does not pass it); None when a call cannot be read."""
     function, param = binding.scope, binding.node
     if not isinstance(function, cst.FunctionDef) or not isinstance(param, cst.Param):
         return None
@@ -57,30 +77,45 @@ def _passed_dtypes(prov: Provenance, binding: Binding) -> tuple[str, ...] | None
     ordered = [*function.params.posonly_params, *function.params.params]
     position = next((i for i, p in enumerate(ordered) if p is param), None)
     sites = prov.index.call_sites()
-    dtypes: set[str] = set()
-    for call in prov.index.calls_named(function.name.value):
+    values: list[_Value] = []
+    for call, bound in _calls_of(prov, function):
         site = sites.get(id(call))
-        if site is None:
+        if site is None or call is None:
             return None
-        found = called_function(prov.index, prov, call, site)
-        if found is None:
-            if isinstance(call.func, cst.Attribute):
-                return None  # `obj.method(...)` may be a call of this method
-            continue
-        if found[0] is not function:
-            continue
-        index = None if position is None else position - (1 if found[2] else 0)
+        index = None if position is None else position - (1 if bound else 0)
         value = _argument(prov, call, site, param, index)
         if value is None:
             return None
-        for fact in _value_facts(prov, *value):
-            dtype = definite_dtype(fact)
-            if dtype is None:
-                return None
-            dtypes.add(dtype)
-    if not dtypes or (FLOAT32 in dtypes and len(dtypes) > 1):
-        return None  # not called here, or called with float32 as well: not decided
-    return tuple(sorted(dtypes))
+        values.append(value)
+    return values
+
+
+def _calls_of(prov: Provenance, function: cst.FunctionDef) -> list[tuple[cst.Call | None, bool]]:
+    """The module's calls of ``function``, each with whether it passes ``self`` itself;
+    ``(None, False)`` for a call that may be one but cannot be told apart."""
+    sites = prov.index.call_sites()
+    found: list[tuple[cst.Call | None, bool]] = []
+    if function.name.value == "__init__":
+        owner = _owner(prov, function)
+        if owner is None:
+            return [(None, False)]
+        # `Cls(...)` runs `__init__` with the new instance as `self`
+        return [(call, True) for call in prov.index.calls_named(owner.name.value)]
+    for call in prov.index.calls_named(function.name.value):
+        site = sites.get(id(call))
+        made = called_function(prov.index, prov, call, site) if site is not None else None
+        if made is None:
+            if isinstance(call.func, cst.Attribute):
+                found.append((None, False))  # `obj.method(...)` may be a call of this method
+            continue
+        if made[0] is function:
+            found.append((call, made[2]))
+    return found
+
+
+def _owner(prov: Provenance, function: cst.FunctionDef) -> cst.ClassDef | None:
+    """The class whose body defines ``function``."""
+    return next((c for c in prov.index.classes() if any(s is function for s in c.body.body)), None)
 
 
 def _argument(

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
 from replaylint.lint.dataflow.scopes import Binding
-from replaylint.lint.dataflow.strings import Env, bound_in
+from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
     BINARY_METHODS,
     ELEMENTWISE_METHODS,
@@ -210,11 +211,19 @@ _NUMBER_BUILTINS = frozenset({"float", "int"})
 def _number_binding(prov: Provenance, binding: Binding, site: Site, env: Env) -> bool:
     if binding.kind == "param":
         annotation = binding.node.annotation if isinstance(binding.node, cst.Param) else None
-        return (
-            annotation is not None
-            and isinstance(annotation.annotation, cst.Name)
-            and annotation.annotation.value in _NUMBER_BUILTINS
-        )
+        if annotation is not None:
+            return (
+                isinstance(annotation.annotation, cst.Name)
+                and annotation.annotation.value in _NUMBER_BUILTINS
+            )
+        # every call of the module passes a number (`scale(g, 0.5)`)
+        if not prov.enter():
+            return False
+        try:
+            passed = callers.passed_values(prov, binding)
+            return bool(passed) and all(is_number(prov, *value, NO_ENV) for value in passed or ())
+        finally:
+            prov.leave()
     return (
         binding.kind == "assign"
         and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Call))
@@ -241,6 +250,8 @@ def _parts(
         return _parts(prov, joined.left, site, env)  # `[ring] * layers`
     if isinstance(joined, cst.Name) and bound_in(env, joined) is None:
         found = prov.lookup(joined.value, site, env)
+        if found and len(found) == 1 and found[0][0].kind == "param":
+            return [(joined, site)]  # a sequence the callers pass: its elements' facts
         if found and len(found) == 1 and found[0][0].kind == "assign":
             # only a sequence made for this join: a fix of one of its parts changes no other use
             if not prov.index.read_once(found[0][0]):
