@@ -419,3 +419,92 @@ def test_entry_point_arguments_through_containers(
     source: str, expected: list[tuple[int, str]]
 ) -> None:
     assert _check(source, "RL001", "RL007") == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # every call passes bf16: the prefix sums keep it, a Python number does not promote
+        (
+            """
+            import torch
+            def prefix(draft, scale: float, ring):
+                offset = float(ring.sum())
+                steps = draft[:, :2] * scale
+                g_cache = steps.cumsum(-1) + offset + ring.sum().item()
+                return g_cache
+            def run(ring):
+                return prefix(torch.rand(2, 4).bfloat16(), 0.5, ring)
+            """,
+            [(5, "RL003")],
+        ),
+        # a float32 operand promotes the result
+        (
+            """
+            import torch
+            def prefix(draft, ring):
+                g_cache = draft.cumsum(-1) + ring.sum(-1, keepdim=True).float()
+                return g_cache
+            def run(ring):
+                return prefix(torch.rand(2, 4).bfloat16(), ring)
+            """,
+            [],
+        ),
+        # spread from a helper's tuple, or unpacked from it first
+        (
+            """
+            import torch
+            def verified(accepted, bonus):
+                verified_g_cache = torch.cat([accepted, bonus], dim=2)
+                return verified_g_cache
+            def scaled(draft, t: float):
+                accepted_g_cache = draft.cumsum(dim=2) / t
+                return accepted_g_cache
+            def _inputs():
+                return torch.rand(2, 2, 2, 4).half(), torch.rand(2, 2, 1, 4).half()
+            def run():
+                _, draft = _inputs()
+                return verified(*_inputs()), scaled(draft, 2.0)
+            """,
+            [(3, "RL003"), (6, "RL003")],
+        ),
+        # a constructor's callers, a scale every call passes as a number, a list of tensors
+        (
+            """
+            import torch
+            class Spec:
+                def __init__(self, draft):
+                    self.spec_g_cache = draft.cumsum(-1)
+            def scaled(g, scale, rows):
+                g_cache = g.cumsum(-1) * scale
+                stacked_g_cache = torch.stack(rows)
+                return g_cache, stacked_g_cache
+            def run(x):
+                return Spec(x.bfloat16()), scaled(x.half(), 0.5, [x.half(), x.half()])
+            """,
+            [(4, "RL003"), (6, "RL003"), (7, "RL003")],
+        ),
+        # not called in the module, called with float32, or through `**`: not decided
+        (
+            """
+            import torch
+            def a(g):
+                g_cache = g.cumsum(-1)
+                return g_cache
+            def b(g):
+                g_cache = g.cumsum(-1)
+                return g_cache
+            def c(g):
+                g_cache = g.cumsum(-1)
+                return g_cache
+            def run(kw):
+                return b(torch.rand(4)), b(torch.rand(4).half()), c(**kw)
+            """,
+            [],
+        ),
+    ],
+)
+def test_a_parameter_that_the_module_calls_with_one_dtype(
+    source: str, expected: list[tuple[int, str]]
+) -> None:
+    assert _check(source) == expected

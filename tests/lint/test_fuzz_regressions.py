@@ -105,7 +105,7 @@ def test_changes_outside_accepts_only_an_inline_import() -> None:
 
 def test_a_name_bound_only_to_none_is_not_taken_for_torch() -> None:
     """``[g_cache, other] = [th.full(...), None]``: ``other`` is no alias of torch."""
-    source = "\nimport torch as th\n[g_cache, other] = [th.full(shape, 0.0), None]  # \n"
+    source = "\nimport torch as th\nclass Pool:\n    [g_cache, other] = [th.full(shape, 0.0), None]  # \n"
     fixed = _all_properties(source)
     assert fixed is not None
     assert "dtype=th.float32" in fixed

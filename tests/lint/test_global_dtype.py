@@ -62,22 +62,92 @@ def test_the_setting_is_named(source: str, row: int, says: str) -> None:
 
 
 def test_a_float32_setting_or_none_keeps_the_plain_wording() -> None:
+    # a class's code: a loader may build it under the model dtype whatever the module sets
     for source in (
         """
         import torch
-        def build(shape):
-            torch.set_default_dtype(torch.float32)
-            g_cache = torch.zeros(shape)
+        class Pool:
+            def __init__(self, shape):
+                torch.set_default_dtype(torch.float32)
+                self.g_cache = torch.zeros(shape)
         """,
+        """
+        import torch
+        class Pool:
+            def __init__(self, shape):
+                self.g_cache = torch.zeros(shape)
+                torch.set_default_dtype(torch.bfloat16)
+        """,
+    ):
+        (found,) = _findings(source)
+        assert "model loaders set it to the model dtype" in found[2]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # torch's own default, float32: nothing sets another one where these run
         """
         import torch
         def build(shape):
             g_cache = torch.zeros(shape)
             torch.set_default_dtype(torch.bfloat16)
+            return g_cache
         """,
-    ):
-        (found,) = _findings(source)
-        assert "model loaders set it to the model dtype" in found[2]
+        """
+        import contextlib
+        import torch
+
+        @contextlib.contextmanager
+        def model_dtype(dtype):
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            yield
+            torch.set_default_dtype(previous)
+
+        def build(shape):
+            with model_dtype(torch.bfloat16):
+                weights = torch.randn(shape)
+            g_cache = torch.zeros(shape)
+            return weights, g_cache
+        """,
+        """
+        import torch
+        def build(shape):
+            with torch.autocast("cuda"):
+                g_cache = -torch.rand(shape)
+            return g_cache
+        """,
+    ],
+)
+def test_a_function_outside_any_setting_allocates_float32(source: str) -> None:
+    assert _findings(source) == []
+
+
+def test_a_function_called_under_a_setting_or_by_a_class_inherits_it() -> None:
+    found = _findings(
+        """
+        import torch
+        from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+
+        def _gate_ring(shape):
+            return torch.zeros(shape)
+
+        def _pad_ring(shape):
+            return torch.zeros(shape)
+
+        class Layer(torch.nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.pad_g_cache = _pad_ring(shape)
+
+        def load(dtype, shape):
+            with set_default_torch_dtype(dtype):
+                g_cache = _gate_ring(shape)
+            return g_cache, Layer(shape)
+        """
+    )
+    assert [(row, code) for row, code, _ in found] == [(5, "RL003"), (8, "RL003")]
 
 
 def test_get_default_and_autocast_dtypes() -> None:

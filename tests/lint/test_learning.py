@@ -14,7 +14,7 @@ from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
 from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS, EntryPoint
 from replaylint.lint.gatecache.learning import TOO_GENERIC_TO_LEARN, learn_gate_cache_names
-from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 
 POOL = textwrap.dedent(
     """
@@ -96,6 +96,18 @@ def test_files_without_an_entry_point_are_not_parsed() -> None:
     # The pre-filter skips text without "replayssm_decode": a syntax error there is never seen,
     # and one in a file that does mention it is skipped rather than raised.
     assert _learn("def broken(:\n", "kda_replayssm_decode(g_cache=decay_ring\n") == {}
+
+
+def test_a_learned_name_also_names_its_qualified_variants() -> None:
+    origin = LearnedFrom("a.py", 2, "kda_replayssm_decode")
+    names = GateCacheNames().with_learned({"decay_ring": origin})
+    assert [names.matches(n) for n in ("decay_ring", "pad_decay_ring", "spec_decay_rings")] == [
+        True,
+        True,
+        True,
+    ]
+    assert not any(names.matches(n) for n in ("decay_ring_pad", "paddecay_ring", "delta_ring"))
+    assert names.learned_from("pad_decay_ring") == origin
 
 
 def test_the_first_call_that_teaches_a_name_is_remembered() -> None:

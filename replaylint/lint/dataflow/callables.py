@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow import records
-from replaylint.lint.dataflow.defaults import default_dtype_detail
+from replaylint.lint.dataflow.defaults import default_dtype_fact
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
     Allocation,
@@ -217,16 +217,7 @@ def _partial(
                 fact = replace(fact, node=call, target=AddDtypeArgument(call))
         return (fact,)
     made = call if call is not None else partial
-    return (
-        TensorFact(
-            Kind.INHERITED,
-            made,
-            allocation=Allocation(made, "factory", factories[0], None),
-            call=made,
-            detail=default_dtype_detail(prov, site, env),
-            target=AddDtypeArgument(made),
-        ),
-    )
+    return (default_dtype_fact(prov, Allocation(made, "factory", factories[0], None), site, env),)
 
 
 def _arguments(

@@ -144,8 +144,13 @@ def view_facts(
     args = positional_args(call)
     dtype_arg = keyword_arg(call, "dtype")
     dtype_expr = dtype_arg.value if dtype_arg is not None else None
-    if dtype_expr is None and len(args) == 1 and literal_dtype(prov.index, args[0].value):
-        dtype_expr = args[0].value
+    if (
+        dtype_expr is None
+        and len(args) == 1
+        and len(call.args) == 1
+        and to_argument_role(prov, args[0].value, site, env) == "dtype"
+    ):
+        dtype_expr = args[0].value  # a literal dtype, or a name that holds one (`dtype`)
     if dtype_expr is None:
         yield from prov.tensor_facts(receiver, site, env)
         return

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.facts import AddDtypeArgument, Allocation, DtypeFact, Kind, TensorFact
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import FLOAT32
 from replaylint.lint.syntax.nodes import dotted_name, one_line, positional_args
@@ -58,6 +58,67 @@ def default_dtype_setting(prov: Provenance, site: Site, env: Env) -> DefaultDtyp
 
 
 _PLAIN = "torch's default dtype (model loaders set it to the model dtype)"
+
+
+def default_dtype_fact(
+    prov: Provenance, allocation: Allocation, site: Site, env: Env
+) -> TensorFact:
+    """The fact of an allocation without a dtype at ``site``: inherited where the default may
+    be another dtype than float32, float32 (torch's own default) elsewhere."""
+    call = allocation.call
+    if not may_differ(prov, site, env):
+        return TensorFact(Kind.FLOAT32, call, allocation=allocation, detail="torch's default dtype")
+    return TensorFact(
+        Kind.INHERITED,
+        call,
+        allocation=allocation,
+        call=call,
+        detail=default_dtype_detail(prov, site, env),
+        target=AddDtypeArgument(call),
+    )
+
+
+def may_differ(prov: Provenance, site: Site, env: Env) -> bool:
+    """Whether torch's default dtype may be other than float32 where ``site`` runs: under a
+    setting not provably float32, in a class's code (model loaders build modules under the
+    model dtype: ``from_pretrained(torch_dtype=...)``, vLLM's ``set_default_torch_dtype``), or
+    in a function of the module that such code calls."""
+    setting = default_dtype_setting(prov, site, env)
+    if setting is not None and not all(f.is_float32 for f in setting.dtypes):
+        return True
+    if any(isinstance(scope, cst.ClassDef) for scope in site.scopes):
+        return True
+    function = next((s for s in reversed(site.scopes) if isinstance(s, cst.FunctionDef)), None)
+    if function is None:
+        return False
+    return any(
+        _under_model_dtype(prov, call) for call in prov.index.calls_named(function.name.value)
+    )
+
+
+def _under_model_dtype(prov: Provenance, call: cst.Call) -> bool:
+    """Whether ``call`` is in a class's code or in the body of a ``with`` that sets the default
+    dtype to one not provably float32."""
+    if any(prov.within(call, cls) for cls in prov.index.classes()):
+        return True
+    return any(
+        prov.within(call, node.body)
+        and any(
+            isinstance(item.item, cst.Call)
+            and _sets_default_dtype(prov, item.item)
+            and not _sets_float32(prov, item.item)
+            for item in node.items
+        )
+        for node in prov.index.withs()
+    )
+
+
+def _sets_float32(prov: Provenance, call: cst.Call) -> bool:
+    args = positional_args(call)
+    if not args:
+        return False
+    site = Site((prov.index.module,), None)
+    return all(f.is_float32 for f in prov.dtype_facts(args[0].value, site))
 
 
 def default_dtype_detail(prov: Provenance, site: Site, env: Env) -> str:

@@ -60,6 +60,9 @@ class Kind(enum.Enum):
     """Cast to a dtype that is not provably float32."""
     LOADED = "loaded"
     """Loaded from a checkpoint or file without a cast."""
+    PASSED = "passed"
+    """Computed from a parameter to which every call of the function in the module passes a
+    tensor of one dtype that is not float32."""
     NOT_FLOATING = "not-floating"
     """An integer, bool or complex tensor: an index or a mask, not a log-decay ring."""
     UNKNOWN = "unknown"
@@ -161,7 +164,7 @@ def definite_dtype(fact: TensorFact) -> str | None:
     """The one literal dtype ``fact`` gives its tensor, if it gives exactly one."""
     if fact.kind is Kind.FLOAT32:
         return FLOAT32
-    if fact.kind in {Kind.EXPLICIT, Kind.CAST, Kind.NOT_FLOATING}:
+    if fact.kind in {Kind.EXPLICIT, Kind.CAST, Kind.NOT_FLOATING, Kind.PASSED}:
         literals = {d.dtype for d in fact.dtypes}
         if len(literals) == 1 and None not in literals:
             return next(iter(literals))

@@ -13,7 +13,7 @@ from replaylint.lint.dataflow.imports import ImportTable
 from replaylint.lint.dataflow.scopes import Binding, Scope, build_scope
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import read_names
-from replaylint.lint.syntax.sites import ScopeNode
+from replaylint.lint.syntax.sites import ScopeNode, Site
 
 
 class ModuleIndex:
@@ -31,6 +31,8 @@ class ModuleIndex:
         self._reads: dict[tuple[int, str], int] = {}
         self._calls: dict[str, list[cst.Call]] | None = None
         self._classes: list[cst.ClassDef] | None = None
+        self._withs: list[cst.With] | None = None
+        self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
@@ -88,6 +90,19 @@ class ModuleIndex:
         assert self._classes is not None
         return self._classes
 
+    def withs(self) -> list[cst.With]:
+        """Every ``with`` statement of the module."""
+        if self._withs is None:
+            self._collect()
+        assert self._withs is not None
+        return self._withs
+
+    def call_sites(self) -> dict[int, Site]:
+        """Every call of the module by ``id``, with the site it is evaluated at."""
+        if self._call_sites is None:
+            self._call_sites = _call_sites(self.module)
+        return self._call_sites
+
     def assigns_attribute(self, name: str) -> bool:
         """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or sets
         attributes by name (``setattr``), anywhere."""
@@ -99,6 +114,7 @@ class ModuleIndex:
     def _collect(self) -> None:
         calls: dict[str, list[cst.Call]] = {}
         classes: list[cst.ClassDef] = []
+        withs: list[cst.With] = []
         assigned: set[str] = set()
         stack: list[cst.CSTNode] = [self.module]
         while stack:
@@ -122,5 +138,29 @@ class ModuleIndex:
                     assigned.add("*")
             elif isinstance(node, cst.ClassDef):
                 classes.append(node)
+            elif isinstance(node, cst.With):
+                withs.append(node)
             stack.extend(reversed(node.children))
         self._calls, self._classes, self._assigned = calls, classes, assigned
+        self._withs = withs
+
+
+def _call_sites(module: cst.Module) -> dict[int, Site]:
+    sites: dict[int, Site] = {}
+    stack: list[tuple[cst.CSTNode, tuple[ScopeNode, ...], cst.CSTNode | None]] = [
+        (module, (module,), None)
+    ]
+    while stack:
+        node, scopes, statement = stack.pop()
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            statement = node
+        if isinstance(node, cst.Call):
+            sites[id(node)] = Site(scopes, statement)
+        # a body runs in the function's or class's scope; decorators and defaults outside it
+        inner = (*scopes, node) if isinstance(node, (cst.FunctionDef, cst.ClassDef)) else None
+        for child in node.children:
+            if inner is not None and child is getattr(node, "body", None):
+                stack.append((child, inner, None))
+            else:
+                stack.append((child, scopes, statement))
+    return sites

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args
@@ -57,6 +58,49 @@ def attribute_dtype(
 
 def parameter_default(prov: Provenance, binding: Binding, env: Env) -> tuple[DtypeFact, ...] | None:
     """The default's dtypes for a parameter that no call in the module passes; None otherwise."""
+    default = _unpassed_default(prov, binding)
+    if default is None:
+        return None
+    facts = prov.dtype_facts(default, Site((prov.index.module,), None), env)
+    return None if any(fact.dtype is None for fact in facts) else facts
+
+
+def is_none(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
+    """Whether ``expr`` is provably None: the literal, or a parameter defaulting to None that no
+    call in the module passes (``dtype or torch.float32`` is then the right operand)."""
+    if isinstance(expr, cst.Name) and expr.value == "None":
+        return True
+    if not isinstance(expr, cst.Name):
+        return False
+    found = prov.lookup(expr.value, site)
+    if not found or len(found) != 1 or found[0][0].kind != "param":
+        return False
+    default = _unpassed_default(prov, found[0][0])
+    return isinstance(default, cst.Name) and default.value == "None"
+
+
+def returned_dtype(prov: Provenance, call: cst.Call, site: Site) -> tuple[DtypeFact, ...] | None:
+    """The dtypes ``call`` returns when it calls a function of the module whose every return
+    proves float32 (``def gate_dtype(): return torch.float32``); None otherwise."""
+    found = called_function(prov.index, prov, call, site)
+    if found is None:
+        return None
+    function, scopes, _ = found
+    returns = prov.index.scope(function).returns
+    if not returns or any(r.value is None for r, _ in returns):
+        return None
+    # the body sees its own bindings and the module's, not the caller's loop variables
+    facts = tuple(
+        fact
+        for r, statement in returns
+        if r.value is not None
+        for fact in prov.dtype_facts(r.value, Site(scopes, statement))
+    )
+    return facts if facts and all(fact.is_float32 for fact in facts) else None
+
+
+def _unpassed_default(prov: Provenance, binding: Binding) -> cst.BaseExpression | None:
+    """The default of a parameter that no call in the module passes; None otherwise."""
     param, function = binding.node, binding.scope
     if not isinstance(param, cst.Param) or param.default is None:
         return None
@@ -73,8 +117,7 @@ def parameter_default(prov: Provenance, binding: Binding, env: Env) -> tuple[Dty
         for call in prov.index.calls_named(name):
             if _passes(call, param.name.value, position):
                 return None
-    facts = prov.dtype_facts(param.default, Site((prov.index.module,), None), env)
-    return None if any(fact.dtype is None for fact in facts) else facts
+    return param.default
 
 
 def default_dtype(prov: Provenance, env: Env) -> tuple[DtypeFact, ...] | None:

@@ -258,7 +258,15 @@ def _guarded(cls: cst.ClassDef) -> bool:
         )
         for d in cls.decorators
     )
-    return decorated or any(_GUARD_MIXIN in (dotted_name(base.value) or "") for base in cls.bases)
+    mixin = any(_GUARD_MIXIN in (dotted_name(base.value) or "") for base in cls.bases)
+    return decorated or mixin or _own_apply(cls)
+
+
+def _own_apply(cls: cst.ClassDef) -> bool:
+    """Whether ``cls`` overrides ``nn.Module._apply`` (what ``.to``, ``.half`` ... run), so it
+    decides itself what a cast does to its buffers."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return any(isinstance(s, cst.FunctionDef) and s.name.value == "_apply" for s in body)
 
 
 def _inherited(

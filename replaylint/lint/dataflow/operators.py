@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
-from replaylint.lint.dataflow.strings import Env, bound_in
+from replaylint.lint.dataflow.scopes import Binding
+from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
     BINARY_METHODS,
     ELEMENTWISE_METHODS,
@@ -179,22 +181,54 @@ def _rank(facts: Sequence[TensorFact]) -> int | None:
 
 
 def is_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> bool:
-    """Whether ``expr`` is a Python number: a literal, a negated one, or a name bound to one."""
+    """Whether ``expr`` is a Python number: a literal, a negated one, ``float(...)``,
+    ``int(...)``, ``t.item()``, a parameter annotated ``float`` or ``int``, or a name bound to
+    one of those."""
     if isinstance(expr, (cst.Integer, cst.Float)):
         return True
     if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus)):
         return is_number(prov, expr.expression, site, env)
     if isinstance(expr, cst.BinaryOperation):
         return is_number(prov, expr.left, site, env) and is_number(prov, expr.right, site, env)
+    if isinstance(expr, cst.Call):
+        if method_name(expr) == "item" and not expr.args:
+            return True
+        return isinstance(expr.func, cst.Name) and bool(
+            prov.index.qualified_names(expr.func) & _NUMBER_BUILTINS
+        )
     if isinstance(expr, cst.Name) and bound_in(env, expr) is None:
         found = prov.lookup(expr.value, site, env)
         return bool(found) and all(
-            binding.kind == "assign"
-            and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation))
-            and is_number(prov, binding.value, binding_site, env)
+            _number_binding(prov, binding, binding_site, env)
             for binding, binding_site in found or ()
         )
     return False
+
+
+_NUMBER_BUILTINS = frozenset({"float", "int"})
+
+
+def _number_binding(prov: Provenance, binding: Binding, site: Site, env: Env) -> bool:
+    if binding.kind == "param":
+        annotation = binding.node.annotation if isinstance(binding.node, cst.Param) else None
+        if annotation is not None:
+            return (
+                isinstance(annotation.annotation, cst.Name)
+                and annotation.annotation.value in _NUMBER_BUILTINS
+            )
+        # every call of the module passes a number (`scale(g, 0.5)`)
+        if not prov.enter():
+            return False
+        try:
+            passed = callers.passed_values(prov, binding)
+            return bool(passed) and all(is_number(prov, *value, NO_ENV) for value in passed or ())
+        finally:
+            prov.leave()
+    return (
+        binding.kind == "assign"
+        and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Call))
+        and is_number(prov, binding.value, site, env)
+    )
 
 
 def _parts(
@@ -206,7 +240,7 @@ def _parts(
             return None
         return [(element.value, site) for element in joined.elements]
     if isinstance(joined, (cst.ListComp, cst.GeneratorExp)):
-        return [(joined.elt, site)]
+        return [(joined, site)]  # its facts are its element's, with the loop variable bound
     if (
         isinstance(joined, cst.BinaryOperation)
         and isinstance(joined.operator, cst.Multiply)
@@ -216,6 +250,8 @@ def _parts(
         return _parts(prov, joined.left, site, env)  # `[ring] * layers`
     if isinstance(joined, cst.Name) and bound_in(env, joined) is None:
         found = prov.lookup(joined.value, site, env)
+        if found and len(found) == 1 and found[0][0].kind == "param":
+            return [(joined, site)]  # a sequence the callers pass: its elements' facts
         if found and len(found) == 1 and found[0][0].kind == "assign":
             # only a sequence made for this join: a fix of one of its parts changes no other use
             if not prov.index.read_once(found[0][0]):

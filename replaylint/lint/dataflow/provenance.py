@@ -22,13 +22,14 @@ forms; casts (:mod:`.casts`), loads (:mod:`.loads`) and statically known strings
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from replaylint.lint.dataflow import (
     callables,
+    callers,
     casts,
     collisions,
     containers,
@@ -91,6 +92,7 @@ class Provenance:
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: collisions.MappingUses | None = field(default=None)
+    _passed: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -165,8 +167,12 @@ class Provenance:
                 return self.dtype_facts(expr.orelse, site, env)
             return self.dtype_facts(expr.body, site, env) + self.dtype_facts(expr.orelse, site, env)
         if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
-            # `dtype or self.dtype`: either operand
-            return self.dtype_facts(expr.left, site, env) + self.dtype_facts(expr.right, site, env)
+            # `dtype or self.dtype`: either operand; `dtype or torch.float32` with a dtype that is
+            # None (a default no call overrides) is float32
+            right = self.dtype_facts(expr.right, site, env)
+            if all(f.is_float32 for f in right) and members.is_none(self, expr.left, site):
+                return right
+            return self.dtype_facts(expr.left, site, env) + right
         if isinstance(expr, cst.Name) and expr.value not in env:
             found = self.lookup(expr.value, site, env)
             if not found:
@@ -207,6 +213,10 @@ class Provenance:
         ):
             default = members.default_dtype(self, env)
             return default if default is not None else (DtypeFact(None, expr),)
+        if isinstance(expr, cst.Call):
+            returned = members.returned_dtype(self, expr, site)
+            if returned is not None:
+                return returned
         if isinstance(expr, cst.Subscript):
             mapping, mapping_site = containers.dict_literal(self, expr.value, site, env)
             if mapping is not None:
@@ -277,7 +287,7 @@ class Provenance:
             return
         # Per-layer rings: `g_caches = [torch.zeros(...) for _ in range(layers)]`.
         if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
-            yield from self.tensor_facts(expr.elt, site, env)
+            yield from self.tensor_facts(expr.elt, site, strings.element_env(expr, site, env))
             return
         if isinstance(expr, cst.DictComp):
             yield from self.tensor_facts(expr.value, site, env)
@@ -304,6 +314,11 @@ class Provenance:
         if self.index.gate_caches.matches(expr.value):
             yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
             return
+        if found and len(found) == 1 and found[0][0].kind == "param":
+            passed = callers.passed_facts(self, found[0][0], expr)
+            if passed is not None:
+                yield from passed
+                return
         for binding, facts in assigned:
             for fact in facts:
                 yield fact.followed(binding, expr)
@@ -508,14 +523,7 @@ class Provenance:
                 )
                 return
         if allocation.kind == "factory":
-            yield TensorFact(
-                Kind.INHERITED,
-                call,
-                allocation=allocation,
-                call=call,
-                detail=defaults.default_dtype_detail(self, site, env),
-                target=AddDtypeArgument(call),
-            )
+            yield defaults.default_dtype_fact(self, allocation, site, env)
             return
         if allocation.kind == "like":
             positional = positional_args(call)
@@ -523,6 +531,10 @@ class Provenance:
         else:  # new_*: the receiver's dtype
             source = method_receiver(self.index, call)
         source_facts = self.tensor_facts(source, site, env) if source is not None else ()
+        if source_facts and all(f.kind is Kind.PASSED for f in source_facts):
+            # the dtype the function's callers pass; a dtype argument makes this one float32
+            yield from (replace(f, target=AddDtypeArgument(call)) for f in source_facts)
+            return
         if self.all_float32(source_facts):
             yield TensorFact(Kind.FLOAT32, call)
             return
@@ -567,6 +579,15 @@ class Provenance:
             Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
         )
         return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+
+    def passed_dtypes(
+        self, binding: Binding, compute: Callable[[], tuple[str, ...] | None]
+    ) -> tuple[str, ...] | None:
+        """What the module's calls pass for the parameter ``binding`` (see :mod:`.callers`)."""
+        if id(binding.node) not in self._passed:
+            self._passed[id(binding.node)] = None  # a call that passes the parameter on
+            self._passed[id(binding.node)] = compute()
+        return self._passed[id(binding.node)]
 
     def is_mapping(self, name: str, site: Site | None = None) -> bool:
         """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""

@@ -265,6 +265,15 @@ def _literal_items(
     return None
 
 
+def element_env(comprehension: cst.ListComp | cst.GeneratorExp, site: Site, env: Env) -> Env:
+    """``env`` with the variable of ``[f(x) for x in xs]`` bound to ``xs``: the element of a
+    sequence has the facts of the sequence's elements."""
+    clause = comprehension.for_in
+    if clause.inner_for_in is not None or not isinstance(clause.target, cst.Name):
+        return env
+    return {**env, clause.target.value: Bound(clause.iter, site, tuple(env.items()))}
+
+
 def _match(
     prov: Provenance,
     target: cst.BaseExpression,

@@ -69,6 +69,7 @@ class BindingWalker(Visitor):
         self._statements: list[cst.CSTNode] = []
         self._walrus_shared: dict[int, tuple[str, ...]] = {}
         self._record_fields: dict[str, list[str]] | None = None
+        self._lists: frozenset[str] | None = None
 
     def site(self) -> Site:
         """Where the traversal is: the enclosing scopes and the innermost statement."""
@@ -194,10 +195,11 @@ class BindingWalker(Visitor):
             name is None
             and isinstance(target, cst.Subscript)
             and (ring := binding_name(target.value)) is not None
-            and self.names.is_plural(ring)
+            and (self.names.is_plural(ring) or ring in self._list_names())
         ):
-            # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches; an element
-            # written into a tensor (`g_cache[slot] = x`) is cast by the copy and is not a binding
+            # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches (a plural
+            # name, or one the module makes a list); an element written into a tensor
+            # (`g_cache[slot] = x`) is cast by the copy and is not a binding
             name = ring
         if (
             name == "data"
@@ -209,6 +211,12 @@ class BindingWalker(Visitor):
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
+
+    def _list_names(self) -> frozenset[str]:
+        """Gate-cache names the module binds to a list or appends to: lists of rings."""
+        if self._lists is None:
+            self._lists = _list_names(self.module, self.names)
+        return self._lists
 
     def visit_Assign(self, node: cst.Assign) -> None:
         targets = [target.target for target in node.targets]
@@ -335,6 +343,29 @@ _KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
 # list methods that add an element, and the index of the element among their arguments
 _ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
+
+
+def _list_names(module: cst.Module, names: GateCacheNames) -> frozenset[str]:
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        target: cst.BaseExpression | None = None
+        if isinstance(node, cst.Call) and method_name(node) in _ADDED_ELEMENT:
+            assert isinstance(node.func, cst.Attribute)
+            target = node.func.value
+        elif isinstance(node, (cst.Assign, cst.AnnAssign)) and isinstance(
+            node.value, (cst.List, cst.ListComp)
+        ):
+            targets = node.targets if isinstance(node, cst.Assign) else ()
+            target = node.target if isinstance(node, cst.AnnAssign) else None
+            if len(targets) == 1:
+                target = targets[0].target
+        name = binding_name(target) if target is not None else None
+        if name is not None and names.matches(name):
+            found.add(name)
+    return frozenset(found)
 
 
 def static_name(node: cst.BaseExpression) -> str | None:

@@ -5,7 +5,8 @@ A gate cache is recognised by name: a variable (``g_cache``), the last part of a
 (``g_cache=...``). Patterns are shell-style globs matched case-insensitively against the name with
 leading underscores stripped; each pattern also matches its plural (``g_caches``). Names taught by
 call sites of decode entry points ("learned" names) are added per run, with the call that taught
-them, so that a finding can say why a name counts.
+them, so that a finding can say why a name counts; a learned name also matches its qualified
+variants (``pad_decay_ring`` once ``decay_ring`` is learned).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class GateCacheNames:
         self._regex = re.compile("|".join(f"(?:{core}s?)" for core in cores) or "(?!)")
         self._singular = re.compile("|".join(f"(?:{core})" for core in cores) or "(?!)")
         self.learned: dict[str, LearnedFrom] = dict(learned or {})
+        # a learned name also names its qualified variants, as `*_g_cache` does `g_cache`'s:
+        # `pad_decay_ring` when `decay_ring` was learned
+        suffixes = "|".join(re.escape(name) for name in sorted(self.learned))
+        self._qualified = re.compile(f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)")
 
     def with_learned(self, learned: Mapping[str, LearnedFrom]) -> GateCacheNames:
         merged = dict(self.learned)
@@ -58,7 +63,11 @@ class GateCacheNames:
         return GateCacheNames(self.patterns, merged)
 
     def matches(self, name: str) -> bool:
-        return self._regex.fullmatch(name.lower().lstrip("_")) is not None or name in self.learned
+        return (
+            self._regex.fullmatch(name.lower().lstrip("_")) is not None
+            or name in self.learned
+            or self._qualified.fullmatch(name) is not None
+        )
 
     def is_plural(self, name: str) -> bool:
         """Whether ``name`` matches only as a plural (``g_caches``: a collection of rings)."""
@@ -73,4 +82,7 @@ class GateCacheNames:
         """The call that taught ``name``, if it is a gate cache only because it was learned."""
         if self._regex.fullmatch(name.lower().lstrip("_")) is not None:
             return None
-        return self.learned.get(name)
+        if name in self.learned:
+            return self.learned[name]
+        qualified = self._qualified.fullmatch(name)
+        return self.learned[qualified.group(1)] if qualified is not None else None

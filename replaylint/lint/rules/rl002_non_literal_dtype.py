@@ -166,6 +166,18 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                 return g_cache
             """
         ),
+        Valid(
+            """
+            import torch
+
+            def make_gate_ring(slots, dtype=None):
+                # no call of the module passes `dtype`: it is None, and the ring float32
+                g_cache = torch.zeros(slots, 16, dtype=dtype or torch.float32)
+                return g_cache
+
+            rings = [make_gate_ring(4), make_gate_ring(slots=8)]
+            """
+        ),
     )
     INVALID = (
         Invalid(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from replaylint.lint.dataflow.facts import CastValue, Kind
+from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, Kind, TensorFact
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -27,6 +28,12 @@ when state pools are allocated. `torch.zeros_like(d_cache)`, `d_cache.new_zeros(
 `x.clone()` take the dtype of the tensor they start from, which for d and k rings is the model
 dtype. The code looks correct in a float32 unit test and is bf16 in production.
 
+Reported where the default may be another dtype than float32: in a class's code (a module's
+`__init__`, a dataclass field's `default_factory`: loaders construct them under the model dtype),
+under a setting of the default that is not provably float32, and in a function of the module that
+such code calls. Elsewhere — a plain function or module-level code that nothing runs under
+another default — the allocation takes torch's own default, float32, and is not reported.
+
 When the code sets the default itself — `torch.set_default_dtype(...)` earlier in the function or
 at module level, or a context manager around the allocation that sets it (vLLM's
 `set_default_torch_dtype(dtype)`, or a `@contextmanager` of the module that calls
@@ -35,6 +42,13 @@ at module level, or a context manager around the allocation that sets it (vLLM's
 The allocation is also found behind `functools.partial(torch.zeros, device=...)` allocators,
 lambdas, helpers the module calls and `field(default_factory=...)`; a call's own `dtype=` wins
 over a partial's.
+
+A gate cache computed from a parameter (`torch.cat([tail, pad])`, `g.cumsum(-1) / temperature`,
+`F.logsigmoid(x)` over a list) keeps the dtype callers pass. When every call of the function in the
+module passes a tensor of one dtype other than float32 (a cast, a helper that returns one, an
+element of a tuple a helper returns), the finding names that dtype; Python numbers (`float(...)`,
+`t.item()`, a parameter annotated `float`) do not promote it, a float32 operand does. A call from
+another module is not seen.
 
 Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
 allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
@@ -46,6 +60,11 @@ torch` is added when missing); for `x.clone()` it appends `.to(torch.float32)`. 
 **safe**: it removes nothing — every argument stays — and it only pins the gate cache's dtype to
 the one the kernel requires. When the inherited dtype was float32 already, nothing changes at run
 time.
+
+For a gate cache computed from what callers pass, the fix casts the result where it becomes the
+gate cache. It is **unsafe**: the cast copies, so a view of the caller's tensor stops sharing its
+storage, and values already rounded to the callers' dtype stay rounded (casting the input keeps
+more precision).
 """
         + FIX_SAFETY
     )
@@ -108,6 +127,53 @@ time.
             # the partial's dtype is float32 for every call that does not pass its own
             zeros = functools.partial(torch.zeros, device="cuda", dtype=torch.float32)
             g_cache = zeros(4, 16)
+            """
+        ),
+        Valid(
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def ring_from_logits(gate_logits, ring):
+                # a float32 part promotes the result; `.float()` casts each step
+                g_cache = torch.stack([F.logsigmoid(x.float()) for x in gate_logits], dim=2)
+                spare_g_cache = torch.cat([gate_logits[0], ring[:, :1]], dim=1)
+                return g_cache, spare_g_cache
+
+            def from_request(logits, other):
+                # one call passes float32, another a tensor of unknown dtype: not decided
+                return compute(logits), compute(other.to(torch.bfloat16))
+
+            def compute(gates):
+                replayssm_g = gates.cumsum(-1)
+                return replayssm_g
+
+            def build():
+                logits = [torch.randn(4, 16).to(torch.bfloat16) for _ in range(3)]
+                rings = from_request(torch.randn(4, 16), torch.zeros(4, 16))
+                return ring_from_logits(logits, torch.zeros(4, 16)), rings
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            def clear_slot(g_cache, d_cache, slot):
+                # written into the float32 ring: the copy casts it
+                g_cache[slot] = d_cache[slot].new_zeros(g_cache.shape[1:])
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+
+            def load(model_class, config, shape):
+                with set_default_torch_dtype(config.dtype):
+                    model = model_class(config)
+                # after the loader's context: torch's own default, float32
+                g_cache = -torch.rand(shape)
+                return model, g_cache
             """
         ),
     )
@@ -175,39 +241,142 @@ time.
         Invalid(
             """
             import torch
-            factory_kwargs = {"device": device}
-            g_cache = torch.empty(
-                shape,
-                **factory_kwargs,
-            )
+
+            class Pool(torch.nn.Module):
+                def __init__(self, shape, device):
+                    super().__init__()
+                    factory_kwargs = {"device": device}
+                    self.g_cache = torch.empty(
+                        shape,
+                        **factory_kwargs,
+                    )
             """,
             expected_fix="""
             import torch
-            factory_kwargs = {"device": device}
-            g_cache = torch.empty(
-                shape,
-                **factory_kwargs, dtype=torch.float32,
-            )
+
+            class Pool(torch.nn.Module):
+                def __init__(self, shape, device):
+                    super().__init__()
+                    factory_kwargs = {"device": device}
+                    self.g_cache = torch.empty(
+                        shape,
+                        **factory_kwargs, dtype=torch.float32,
+                    )
             """,
         ),
         Invalid(
             """
             import functools
             import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
             on_device = functools.partial(torch.empty, device="cuda")
-            d_cache = on_device(4, 16)
-            g_cache = on_device(4, 16)
+
+            with set_default_torch_dtype(torch.bfloat16):
+                d_cache = on_device(4, 16)
+                g_cache = on_device(4, 16)
             """,
             expected_fix="""
             import functools
             import torch
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
             on_device = functools.partial(torch.empty, device="cuda")
-            d_cache = on_device(4, 16)
-            g_cache = on_device(4, 16, dtype=torch.float32)
+
+            with set_default_torch_dtype(torch.bfloat16):
+                d_cache = on_device(4, 16)
+                g_cache = on_device(4, 16, dtype=torch.float32)
             """,
             message_contains="torch's default dtype",
+        ),
+        Invalid(
+            """
+            import torch
+
+            class LayerCaches:
+                def __init__(self, layers, shape):
+                    self.d_cache = [torch.zeros(shape) for _ in range(layers)]
+                    self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+                def reset(self, layer):
+                    # `g_cache` is a list of rings: the element is replaced, not written into
+                    self.g_cache[layer] = self.d_cache[layer].new_zeros(self.g_cache[layer].shape)
+                    self.d_cache[layer].zero_()
+            """,
+            expected_fix="""
+            import torch
+
+            class LayerCaches:
+                def __init__(self, layers, shape):
+                    self.d_cache = [torch.zeros(shape) for _ in range(layers)]
+                    self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+                def reset(self, layer):
+                    # `g_cache` is a list of rings: the element is replaced, not written into
+                    self.g_cache[layer] = self.d_cache[layer].new_zeros(self.g_cache[layer].shape, dtype=torch.float32)
+                    self.d_cache[layer].zero_()
+            """,
+            message_contains="the dtype of `self.d_cache[layer]`",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def seed_ring(g, ring_len):
+                tail = g[:, -ring_len:].transpose(1, 2)
+                g_cache = torch.cat([tail, tail.new_zeros(tail.shape)], dim=2)
+                return g_cache
+
+            def spec_prefix(draft_g, ring, temperature: float):
+                offset = float(ring.sum())
+                spec_g_cache = draft_g.cumsum(dim=1) / temperature + offset
+                return spec_g_cache
+
+            def prefill(x, ring):
+                gates = -torch.rand(x.shape).to(torch.bfloat16)
+                return seed_ring(gates, 4), spec_prefix(gates, ring, 0.7)
+            """,
+            expected_fix="""
+            import torch
+
+            def seed_ring(g, ring_len):
+                tail = g[:, -ring_len:].transpose(1, 2)
+                g_cache = torch.cat([tail, tail.new_zeros(tail.shape)], dim=2).to(torch.float32)
+                return g_cache
+
+            def spec_prefix(draft_g, ring, temperature: float):
+                offset = float(ring.sum())
+                spec_g_cache = (draft_g.cumsum(dim=1) / temperature + offset).to(torch.float32)
+                return spec_g_cache
+
+            def prefill(x, ring):
+                gates = -torch.rand(x.shape).to(torch.bfloat16)
+                return seed_ring(gates, 4), spec_prefix(gates, ring, 0.7)
+            """,
+            message_contains="which the calls of `seed_ring` in this module pass as torch.bfloat16",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def empty_ring(like, shape):
+                g_cache = like.new_zeros(shape)
+                return g_cache
+
+            def reset(x):
+                return empty_ring(x.to(torch.bfloat16), (4, 16))
+            """,
+            expected_fix="""
+            import torch
+
+            def empty_ring(like, shape):
+                g_cache = like.new_zeros(shape, dtype=torch.float32)
+                return g_cache
+
+            def reset(x):
+                return empty_ring(x.to(torch.bfloat16), (4, 16))
+            """,
+            message_contains="takes the dtype of `like`, which the calls of `empty_ring`",
         ),
         Invalid(
             """
@@ -288,7 +457,11 @@ time.
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
-        for fact in self.facts(binding):
+        facts = self.facts(binding)
+        passed = [fact for fact in facts if fact.kind is Kind.PASSED]
+        if passed:
+            self._passed(binding, passed)
+        for fact in facts:
             if fact.kind is not Kind.INHERITED:
                 continue
             subject = self.subject(binding)
@@ -304,3 +477,31 @@ time.
                 f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+    def _passed(self, binding: GateCacheBinding, facts: list[TensorFact]) -> None:
+        """One finding where the gate cache is made from what the module's calls pass."""
+        details = " and ".join(dict.fromkeys(fact.detail for fact in facts))
+        target = facts[0].target
+        if isinstance(target, AddDtypeArgument) and target.node is binding.value:
+            # `x.new_zeros(...)` of what callers pass: allocate it as float32
+            message = f"allocated without a dtype, so it takes the dtype of {details}"
+            fix = self.fix_for(
+                binding, facts[0], target, "Allocate it with dtype={float32}", Applicability.SAFE
+            )
+            self.report(binding.value, f"{self.subject(binding)} is {message}; {WHY}", fix=fix)
+            return
+        fix = None
+        # the cast copies: a view of the caller's tensor would stop sharing its storage
+        made = (
+            None
+            if binding.shared_with
+            else self.context.spelling.cast_at(binding.value, binding.site)
+        )
+        if made is not None:
+            action = f"Cast it to {self.float32(binding.site)} where it becomes the gate cache"
+            fix = FixDraft(action, made[0], Applicability.UNSAFE)
+        self.report(
+            binding.value,
+            f"{self.subject(binding)} is computed from {details}, and keeps that dtype; {WHY}",
+            fix=fix,
+        )

@@ -34,7 +34,8 @@ so is `.to(other)` when `other` is known to be float32 (another gate cache).
 A cast is found wherever its result becomes a gate cache: returned from a `@property g_cache`,
 passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict or list literal or
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
-`.view(torch.bfloat16)` is a reinterpretation of the buffer's bits, reported as well.
+`.view(torch.bfloat16)` (or `.view(dtype)` of a name that holds a dtype: a parameter annotated
+`torch.dtype`, one named `dtype`) is a reinterpretation of the buffer's bits, reported as well.
 
 A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
 `model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
@@ -147,6 +148,34 @@ and state-dict loads.
             def move(g_cache, device):
                 moved = {"device": device, "dtype": torch.float32}
                 return {"g_cache": g_cache.to(**moved), "d_cache": g_cache.view(torch.float32)}
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+
+            _GATE_DTYPE = torch.float
+
+            def gate_dtype():
+                return _GATE_DTYPE
+
+            class Ring(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+                def _apply(self, fn, recurse=True):
+                    # the class decides what a module cast does: it keeps its gate ring
+                    g_cache = self.g_cache
+                    super()._apply(fn, recurse)
+                    self.g_cache = g_cache.to(device=self.g_cache.device)
+                    return self
+
+            def snapshot(shape, saved):
+                # a helper of the module that returns float32
+                g_cache = saved.clone().to(dtype=gate_dtype())
+                return Ring(shape).to(torch.bfloat16), g_cache
             """
         ),
     )
@@ -291,6 +320,18 @@ and state-dict loads.
                 return KimiDeltaCache(shape).half()
             """,
             message_contains="registered on line 7",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def unpack(packed: torch.Tensor, d_bytes: int, dtype: torch.dtype):
+                # the packed bytes read back in the model dtype: reported, no fix
+                d_cache = packed[:, :d_bytes].view(dtype)
+                g_cache = packed[:, d_bytes:].contiguous().view(dtype)
+                return d_cache, g_cache
+            """,
+            message_contains="`.view(dtype)`, which reinterprets",
         ),
     )
 

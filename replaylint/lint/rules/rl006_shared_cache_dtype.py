@@ -160,12 +160,18 @@ targets — the finding says what to change and has no fix.
             """
             import torch
             RINGS = ("d", "k", "g")
-            caches = {f"{kind}_cache": torch.empty(shape, device=dev) for kind in RINGS}
+
+            class Rings:
+                def __init__(self, shape, dev):
+                    self.caches = {f"{kind}_cache": torch.empty(shape, device=dev) for kind in RINGS}
             """,
             expected_fix="""
             import torch
             RINGS = ("d", "k", "g")
-            caches = {f"{kind}_cache": torch.empty(shape, device=dev, dtype=torch.float32 if kind == "g" else None) for kind in RINGS}
+
+            class Rings:
+                def __init__(self, shape, dev):
+                    self.caches = {f"{kind}_cache": torch.empty(shape, device=dev, dtype=torch.float32 if kind == "g" else None) for kind in RINGS}
             """,
         ),
         Invalid(
