@@ -29,6 +29,9 @@ class DtypeFact:
     """The local binding the dtype came through, if any (``ring_dtype = ...``)."""
     parameter: str | None = None
     """Set when the dtype is a parameter of the function being analysed."""
+    origin: str = ""
+    """Where another module of the project wrote the dtype (``from `WIRE_DTYPE` (pkg/policy.py:4)``),
+    when it came through an import."""
 
     @property
     def is_float32(self) -> bool:

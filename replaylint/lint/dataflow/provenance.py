@@ -33,6 +33,7 @@ from replaylint.lint.dataflow import (
     collisions,
     containers,
     defaults,
+    imported,
     loads,
     members,
     operators,
@@ -57,6 +58,7 @@ from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration, bound_in
+from replaylint.lint.project.index import ProjectView
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     DTYPE_PRESERVING_ATTRIBUTES,
@@ -87,6 +89,8 @@ class Provenance:
     """Answers dtype questions about the expressions of one module."""
 
     index: ModuleIndex
+    project: ProjectView | None = None
+    """The module's view of its project: what names imported from other modules denote."""
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: frozenset[str] | None = field(default=None)
@@ -156,6 +160,10 @@ class Provenance:
         bound = bound_in(env, expr)
         if bound is not None:  # a loop variable: what it holds in this iteration
             return self.dtype_facts(bound.expr, bound.site, bound.env(env))
+        if self.project is not None:  # a name imported from another module of the project
+            found = imported.dtype_facts(self, expr, site, env)
+            if found is not None:
+                return found
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:
@@ -369,6 +377,8 @@ class Provenance:
         computed = operators.call_facts(self, call, names, receiver, site, env)
         if computed is None:
             computed = callables.callable_facts(self, call, site, env)
+        if computed is None and self.project is not None:
+            computed = imported.tensor_facts(self, call, site, env)
         if computed is not None:
             yield from computed
             return

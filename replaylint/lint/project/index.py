@@ -1,0 +1,367 @@
+"""The modules of a project, their summaries, and what a dotted name of one of them denotes.
+
+:class:`ProjectIndex` knows each file's module name (from the folders with ``__init__.py`` above
+it: a file in a package is ``pkg.sub.mod``; a file outside any package is its stem, so the project
+root and a ``src/`` folder are both roots) and loads a module's summary
+(:mod:`.summaries`) on first use through a loader (the batch run reads it from the result cache
+or from disk). Two files with one module name make that name ambiguous: it resolves to nothing.
+
+:meth:`ProjectIndex.resolve` turns ``pkg.policy.WIRE_DTYPE`` (or ``.policy.X`` from an importer)
+into what it denotes: a definition of a project module, a module of the project, or a name
+outside it (``torch.bfloat16``), following imports and re-exports (``from .policy import X`` in a
+package's ``__init__``) with a bound on the chain and a guard against cycles. A
+:class:`ProjectView` is one importer's window: the modules it may read (its dependencies, which
+its cached result is keyed on) and its own module name, for relative imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replaylint.lint.project.summaries import Definition, Summary, Value
+
+MAX_CHAIN = 8
+"""Imports and aliases followed to reach one definition."""
+MAX_DEPENDENCIES = 48
+"""Modules one importer may read (its dependencies); further ones are not consulted."""
+
+SummaryLoader = Callable[[str], "Summary | None"]
+"""Reads the summary of the file at a path (None when it cannot be read or parsed)."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a definition is: ``pkg/policy.py:4`` names ``WIRE_DTYPE``."""
+
+    name: str
+    path: str
+    line: int
+
+    def describe(self) -> str:
+        return f"`{self.name}` at {self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """A definition of a project module (a constant, function or class), reached through
+    ``origins`` (the aliases and re-exports followed, nearest first; the definition last)."""
+
+    module: str
+    name: str
+    definition: Definition
+    origins: tuple[Origin, ...]
+
+
+@dataclass(frozen=True)
+class External:
+    """A dotted name outside the project (``torch.bfloat16``)."""
+
+    name: str
+    origins: tuple[Origin, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """A module of the project."""
+
+    module: str
+
+
+Target = Found | External | ModuleRef | None
+
+
+def module_names(paths: Iterable[str]) -> dict[str, str]:
+    """Module name -> path for every Python file of ``paths``; names two files share dropped."""
+    has_init: dict[str, bool] = {}
+
+    def is_package(folder: str) -> bool:
+        known = has_init.get(folder)
+        if known is None:
+            known = has_init[folder] = os.path.isfile(os.path.join(folder, "__init__.py"))
+        return known
+
+    found: dict[str, str] = {}
+    ambiguous: set[str] = set()
+    for path in paths:
+        if not path.endswith(".py"):
+            continue
+        folder, file = os.path.split(os.path.abspath(path))
+        parts = [] if file == "__init__.py" else [file[:-3]]
+        while is_package(folder):
+            folder, package = os.path.split(folder)
+            parts.insert(0, package)
+            if not package:
+                break
+        if not parts or not all(part.isidentifier() for part in parts):
+            continue
+        name = ".".join(parts)
+        if name in found and found[name] != path:
+            ambiguous.add(name)
+        found[name] = path
+    for name in ambiguous:
+        del found[name]
+    return found
+
+
+def _references(definition: object) -> list[tuple[str, str | None]]:
+    """The (module, name) pairs a definition's values refer to: ``("", n)`` for a name of the
+    same module, ``(module, None)`` for a module imported whole."""
+    found: list[tuple[str, str | None]] = []
+    stack: list[object] = [definition]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, list) or not item:
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            continue
+        tag = item[0]
+        if tag == "name" and len(item) == 2:
+            found.append(("", str(item[1])))
+        elif tag == "ref" and len(item) == 3:
+            found.append((str(item[1]), str(item[2])))
+        elif tag == "module" and len(item) == 2:
+            found.append((str(item[1]), None))
+        else:
+            stack.extend(item)
+    return found
+
+
+def summary_digest(summary: Summary | None) -> str:
+    text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+@dataclass
+class ProjectIndex:
+    """Module names and summaries of one project's files."""
+
+    modules: Mapping[str, str]
+    """Module name -> path."""
+    loader: SummaryLoader
+    _summaries: dict[str, Summary | None] = field(default_factory=dict)
+    _by_path: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._by_path = {os.path.abspath(path): name for name, path in self.modules.items()}
+
+    def module_of(self, path: str) -> str | None:
+        """The module name of the file at ``path``, when it is one of the project's."""
+        return self._by_path.get(os.path.abspath(path))
+
+    def is_package(self, module: str) -> bool:
+        return os.path.basename(self.modules.get(module, "")) == "__init__.py"
+
+    def summary(self, module: str) -> Summary | None:
+        if module not in self._summaries:
+            path = self.modules.get(module)
+            self._summaries[module] = None if path is None else self.loader(path)
+        return self._summaries[module]
+
+    def path_of(self, module: str) -> str:
+        return self.modules.get(module, module)
+
+    # ------------------------------------------------------------------ name resolution
+    def absolute(self, importer: str, spec: str) -> str | None:
+        """``..cfg`` imported in ``pkg.sub.mod`` -> ``pkg.cfg``; absolute names unchanged."""
+        level = len(spec) - len(spec.lstrip("."))
+        if level == 0:
+            return spec
+        parts = importer.split(".")
+        if not self.is_package(importer):
+            parts = parts[:-1]  # a module's package; a package's __init__ is its own
+        if level - 1 > len(parts) or (level - 1 == len(parts) and not spec[level:]):
+            return None
+        base = parts[: len(parts) - (level - 1)]
+        rest = spec[level:]
+        return ".".join([*base, rest] if rest else base) or None
+
+    def resolve(self, importer: str, dotted: str, allowed: frozenset[str] | None = None) -> Target:
+        """What ``dotted`` (as the importer wrote it, through its imports) denotes."""
+        head = dotted.lstrip(".")
+        dots = dotted[: len(dotted) - len(head)]
+        parts = head.split(".") if head else []
+        # the longest prefix that is a module of the project
+        for cut in range(len(parts), -1, -1):
+            spec = dots + ".".join(parts[:cut])
+            module = self.absolute(importer, spec) if spec else None
+            if module is not None and module in self.modules:
+                target: Target = ModuleRef(module)
+                for attribute in parts[cut:]:
+                    target = self.attribute(target, attribute, allowed, ())
+                return target
+        if dots:
+            return None
+        return External(dotted)
+
+    def attribute(
+        self,
+        target: Target,
+        name: str,
+        allowed: frozenset[str] | None,
+        origins: tuple[Origin, ...],
+        depth: int = 0,
+    ) -> Target:
+        """``target.name``: a submodule, a name of a module, or an external dotted name."""
+        if isinstance(target, External):
+            return External(f"{target.name}.{name}", target.origins)
+        if not isinstance(target, ModuleRef):
+            return None
+        submodule = f"{target.module}.{name}"
+        if submodule in self.modules and self.summary_allowed(submodule, allowed):
+            return ModuleRef(submodule)
+        return self.lookup(target.module, name, allowed, origins, depth)
+
+    def summary_allowed(self, module: str, allowed: frozenset[str] | None) -> bool:
+        return allowed is None or module in allowed
+
+    def lookup(
+        self,
+        module: str,
+        name: str,
+        allowed: frozenset[str] | None,
+        origins: tuple[Origin, ...] = (),
+        depth: int = 0,
+    ) -> Target:
+        """The top-level ``name`` of ``module``, aliases and imports followed."""
+        if depth > MAX_CHAIN or not self.summary_allowed(module, allowed):
+            return None
+        summary = self.summary(module)
+        if summary is None:
+            return None
+        definition = summary["names"].get(name)
+        if definition is None or definition[0] == "unknown":
+            return None
+        here = (*origins, Origin(name, self.path_of(module), int(definition[1])))
+        if definition[0] != "value":
+            return Found(module, name, definition, here)
+        value: Value = definition[2]
+        if value[0] in {"ref", "module", "name", "attr"}:
+            # `import torch` is no origin worth naming; `WIRE = torch.bfloat16` is
+            through = origins if value[0] == "module" else here
+            target = self.value_target(module, value, allowed, through, depth + 1)
+            if target is not None:
+                return target
+        return Found(module, name, definition, here)
+
+    def value_target(
+        self,
+        module: str,
+        value: Value,
+        allowed: frozenset[str] | None,
+        origins: tuple[Origin, ...],
+        depth: int,
+    ) -> Target:
+        """What a name-like summary value of ``module`` denotes (None for other values)."""
+        if depth > MAX_CHAIN:
+            return None
+        kind = value[0]
+        if kind == "name":
+            return self.lookup(module, str(value[1]), allowed, origins, depth)
+        if kind == "module":
+            spec = str(value[1])
+            return ModuleRef(spec) if spec in self.modules else External(spec, origins)
+        if kind == "ref":
+            spec, name = str(value[1]), str(value[2])
+            absolute = self.absolute(module, spec)
+            if absolute is None:
+                return None
+            if absolute in self.modules:
+                return self.attribute(ModuleRef(absolute), name, allowed, origins, depth)
+            if spec.startswith("."):
+                return None  # a relative module the project does not have
+            return External(f"{absolute}.{name}", origins)
+        if kind == "attr":
+            base = self.value_target(module, value[1], allowed, origins, depth + 1)
+            return self.attribute(base, str(value[2]), allowed, origins, depth)
+        return None
+
+    # ------------------------------------------------------------------ dependencies
+    def dependencies(self, module: str) -> frozenset[str]:
+        """The project modules ``module``'s analysis may read, breadth first, at most
+        :data:`MAX_DEPENDENCIES`: the modules it imports from, then the modules that the
+        definitions of the imported names refer to (all of a module's definitions for a module
+        imported whole), up to :data:`MAX_CHAIN` steps away."""
+        summary = self.summary(module)
+        if summary is None:
+            return frozenset({module})
+        seen: dict[str, set[str] | None] = {module: set()}
+        order = [module]
+        queue: list[tuple[str, str | None, int]] = []
+        for spec, name in summary["imports"]:
+            queue.extend(self._wanted(module, str(spec), name, 1))
+        while queue and len(order) < MAX_DEPENDENCIES:
+            current, name, depth = queue.pop(0)
+            known = seen.get(current, set())
+            if current not in seen:
+                seen[current] = set()
+                order.append(current)
+            if known is None or name in (known or set()):
+                continue  # already followed whole, or this name already
+            if name is None:
+                seen[current] = None
+            else:
+                seen[current].add(name)  # type: ignore[union-attr]
+            if depth >= MAX_CHAIN:
+                continue
+            found = self.summary(current)
+            if found is None:
+                continue
+            names = found["names"]
+            definitions = list(names.values()) if name is None else [names.get(name)]
+            for definition in definitions:
+                for spec, referred in _references(definition):
+                    if spec == "":
+                        queue.append((current, referred, depth + 1))
+                    else:
+                        queue.extend(self._wanted(current, spec, referred, depth + 1))
+        return frozenset(order)
+
+    def _wanted(
+        self, importer: str, spec: str, name: str | None, depth: int
+    ) -> list[tuple[str, str | None, int]]:
+        """What an import of ``name`` from ``spec`` reads: a submodule whole, or the name of the
+        module (and the packages above it, whose ``__init__`` runs first)."""
+        absolute = self.absolute(importer, spec)
+        if absolute is None:
+            return []
+        wanted: list[tuple[str, str | None, int]] = []
+        if name is not None and f"{absolute}.{name}" in self.modules:
+            wanted.append((f"{absolute}.{name}", None, depth))
+        if absolute in self.modules:
+            wanted.append((absolute, name, depth))
+        parts = absolute.split(".")
+        for cut in range(len(parts) - 1, 0, -1):  # `import a.b` binds `a`: `a.b.X` reads a.b
+            package = ".".join(parts[:cut])
+            if package in self.modules and name is None:
+                wanted.append((package, parts[cut], depth))
+        return wanted
+
+    def dependency_key(self, module: str) -> str:
+        """A fingerprint of the summaries ``module``'s analysis may read."""
+        modules = sorted(self.dependencies(module))
+        data: list[Any] = [(name, summary_digest(self.summary(name))) for name in modules]
+        return hashlib.blake2b(repr(data).encode(), digest_size=12).hexdigest()
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    """One importer's view of the project: its module name and the modules it may read."""
+
+    index: ProjectIndex
+    module: str
+    allowed: frozenset[str]
+
+    @classmethod
+    def of(cls, index: ProjectIndex, path: str) -> ProjectView | None:
+        module = index.module_of(path)
+        if module is None:
+            return None
+        return cls(index, module, index.dependencies(module))
+
+    def resolve(self, dotted: str) -> Target:
+        return self.index.resolve(self.module, dotted, self.allowed)
