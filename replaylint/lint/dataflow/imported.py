@@ -43,7 +43,7 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_FACTORIES,
     dtype_from_qualified_name,
 )
-from replaylint.lint.project.index import External, Found, ModuleRef, Origin, Target
+from replaylint.lint.project.index import External, Found, Origin, Target
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.nodes import keyword_arg, positional_args
 from replaylint.lint.syntax.sites import Site
@@ -132,9 +132,7 @@ class _Evaluation:
                 if value[1][0] in {"call", "__instance__"}:
                     return _There(value, context)  # an attribute of an instance
                 raise _Unknown
-            return _known(
-                view.index.attribute(base, str(value[2]), view.allowed, context.origins)
-            )
+            return _known(view.index.attribute(base, str(value[2]), view.allowed, context.origins))
         target = view.index.value_target(context.module, value, view.allowed, context.origins, 0)
         if target is None and kind in {"name", "ref", "module"}:
             raise _Unknown
@@ -219,11 +217,14 @@ class _Evaluation:
         if member[0] == "field" and flags.get("init"):
             raise _Unknown  # a custom __init__ or __post_init__ may set it
         facts = self.dtypes(member[2], inner)
-        if member[0] == "field" and not instance.defaults_hold:
-            # built elsewhere: the field may hold any value it was given; the default vouches
-            # only for float32 (as for a dataclass of the module itself)
-            if not all(f.is_float32 for f in facts):
-                raise _Unknown
+        # built elsewhere, the field may hold any value it was given: the default vouches only
+        # for float32 (as for a dataclass of the module itself)
+        if (
+            member[0] == "field"
+            and not instance.defaults_hold
+            and not all(f.is_float32 for f in facts)
+        ):
+            raise _Unknown
         return facts
 
     def item(self, table: Value, key: Value, context: _Context) -> Value:
@@ -250,7 +251,7 @@ class _Evaluation:
     def string(self, value: Value, context: _Context) -> str | int:
         self.step()
         if value[0] == "const" and isinstance(value[1], (str, int)):
-            return value[1]  # type: ignore[no-any-return]
+            return value[1]
         target = self.target(value, context)
         if isinstance(target, _Here):
             text = self.prov.string_value(target.expr, target.site, target.env)
@@ -402,9 +403,7 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def _expression(
-    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
-) -> Value | None:
+def _expression(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
     """``expr`` of the module under analysis as a summary value over its imports: imported
     names and attributes of them, calls of them and subscripts of them; None otherwise."""
     if isinstance(expr, (cst.Name, cst.Attribute)):
@@ -438,9 +437,7 @@ def _expression(
     return None
 
 
-def _receiver(
-    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
-) -> Value | None:
+def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
     """An instance of a project class: ``CacheConfig()``, or a local or parameter annotated
     with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``)."""
     if isinstance(expr, cst.Call):

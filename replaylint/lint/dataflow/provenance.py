@@ -58,7 +58,6 @@ from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration, bound_in
-from replaylint.lint.project.index import ProjectView
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     DTYPE_PRESERVING_ATTRIBUTES,
@@ -70,6 +69,7 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
+from replaylint.lint.project.index import ProjectView
 from replaylint.lint.syntax.nodes import (
     keyword_arg,
     method_name,
@@ -161,9 +161,9 @@ class Provenance:
         if bound is not None:  # a loop variable: what it holds in this iteration
             return self.dtype_facts(bound.expr, bound.site, bound.env(env))
         if self.project is not None:  # a name imported from another module of the project
-            found = imported.dtype_facts(self, expr, site, env)
-            if found is not None:
-                return found
+            from_project = imported.dtype_facts(self, expr, site, env)
+            if from_project is not None:
+                return from_project
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:

@@ -70,7 +70,11 @@ class _Summariser:
         }
         for name in self.spoiled - names.keys():
             names[name] = ["unknown", 0]
-        return {"names": names, "assigned": sorted(self.assigned), "imports": [list(item) for item in sorted(self.imports, key=str)]}
+        return {
+            "names": names,
+            "assigned": sorted(self.assigned),
+            "imports": [list(item) for item in sorted(self.imports, key=str)],
+        }
 
     # ------------------------------------------------------------------ top-level statements
     def _define(self, name: str, definition: Definition) -> None:
@@ -135,9 +139,7 @@ class _Summariser:
                 self.spoiled.update(node.names)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = (
-                    node.targets
-                    if isinstance(node, (ast.Assign, ast.Delete))
-                    else [node.target]
+                    node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 )
                 for target in targets:
                     if isinstance(target, ast.Attribute):
@@ -165,14 +167,15 @@ class _Summariser:
         params = _params(self, function.args)
         if params is None or isinstance(function, ast.AsyncFunctionDef):
             return ["function", function.lineno, [], UNKNOWN]
-        if any(_decorator_name(d) not in {"staticmethod", "functools.cache", "cache", "lru_cache",
-                                          "functools.lru_cache"} for d in function.decorator_list):
+        if any(
+            _decorator_name(d)
+            not in {"staticmethod", "functools.cache", "cache", "lru_cache", "functools.lru_cache"}
+            for d in function.decorator_list
+        ):
             return ["function", function.lineno, params, UNKNOWN]
         return ["function", function.lineno, params, self._result(function, params)]
 
-    def _result(
-        self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]
-    ) -> Value:
+    def _result(self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]) -> Value:
         """What a straight-line body returns, its locals substituted; unknown otherwise."""
         body = list(function.body)
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -201,9 +204,7 @@ class _Summariser:
         members: dict[str, list[Any]] = {}
         spoiled: set[str] = set()
         flags = {
-            "record": any(
-                "dataclass" in _decorator_name(d) for d in cls.decorator_list
-            )
+            "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
             or any(_dotted(base).endswith("NamedTuple") for base in cls.bases),
             "frozen": any(_frozen(d) for d in cls.decorator_list),
             "init": False,
@@ -225,7 +226,11 @@ class _Summariser:
                 )
                 kind = "const" if classvar or not flags["record"] else "field"
                 value = _field_default(statement.value)
-                entry = [kind, statement.lineno, UNKNOWN if value is None else self._member_value(value)]
+                entry = [
+                    kind,
+                    statement.lineno,
+                    UNKNOWN if value is None else self._member_value(value),
+                ]
                 if value is None and kind == "field":
                     entry = ["field", statement.lineno, ["required"]]
             elif isinstance(statement, ast.FunctionDef):
@@ -233,7 +238,11 @@ class _Summariser:
                 if name in {"__init__", "__post_init__", "__new__", "__setattr__", "__getattr__"}:
                     flags["init"] = True
                 if any(_decorator_name(d) == "property" for d in statement.decorator_list):
-                    entry = ["property", statement.lineno, self._result(statement, [["self", "pos", None]])]
+                    entry = [
+                        "property",
+                        statement.lineno,
+                        self._result(statement, [["self", "pos", None]]),
+                    ]
                 else:
                     entry = ["method", statement.lineno, UNKNOWN]
             elif isinstance(statement, _CONDITIONAL):

@@ -31,6 +31,7 @@ from replaylint.lint.model import FileReport, Finding, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
+from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_file
 from replaylint.lint.run.workers import can_fork, in_workers, worker_state
 
@@ -236,10 +237,12 @@ def _import_analysis() -> None:
     import replaylint.lint.engine  # noqa: F401
 
 
-def _make_linter(settings: Settings, names: GateCacheNames, prefilter: bool) -> Linter:
+def _make_linter(
+    settings: Settings, names: GateCacheNames, prefilter: bool, modules: RunModules
+) -> Linter:
     from replaylint.lint.engine import Linter
 
-    return Linter(settings, gate_caches=names, prefilter=prefilter)
+    return Linter(settings, gate_caches=names, prefilter=prefilter, project=modules.index)
 
 
 def _run_jobs(
@@ -402,6 +405,8 @@ def lint_many(
         rescan = [f for f in known.values() if f.scanned and f.item.path in linted]
         _rescan_for_learned_names(scanner, rescan, names, jobs)
     learned_key = _learned_key(names)
+    digests = {os.path.abspath(info.key): info.digest for info in known.values() if info.digest}
+    modules = RunModules([item.path for item in teachers], digests, cache)
 
     reports: dict[Path, FileReport] = {}
     to_lint: list[_LintJob] = []
@@ -413,13 +418,13 @@ def lint_many(
         if answerable is None or stored is None:
             continue
         info = answerable
-        if stored.learned_key == learned_key:
+        if modules.answers(stored.learned_key, learned_key, info.key):
             report = _cached_report(info, stored, mode, unsafe, keep_sources)
             if report is not None:
                 reports[item.path] = report
                 if info.scanned and cache is not None and mode is not Mode.DIFF:
                     # Same content under a new mtime: remember the new one, skip the read next time.
-                    cache.put(info.key, _entry(info, learned_key, report.findings))
+                    cache.put(info.key, _entry(info, stored.learned_key, report.findings))
                 continue
         if not info.scanned:
             stale.append(info)
@@ -439,12 +444,14 @@ def lint_many(
         to_lint.append((item, mode, unsafe, keep_sources))
         sizes.append(state.size if state is not None else 0)
     if to_lint:
-        linter = _make_linter(settings, names, prefilter)
+        # Keys first: the summaries they read are then loaded here, before workers fork.
+        keys = [modules.result_key(learned_key, str(item.path)) for item, *_ in to_lint]
+        linter = _make_linter(settings, names, prefilter, modules)
         done = _run_jobs(linter, to_lint, sizes, jobs)
-        for (item, *_), report in zip(to_lint, done, strict=True):
+        for (item, *_), report, key in zip(to_lint, done, keys, strict=True):
             reports[item.path] = report
             if cache is not None and mode is not Mode.DIFF:
-                _remember(cache, settings, item, report, known.get(item.path), learned_key)
+                _remember(cache, settings, item, report, known.get(item.path), key)
     if cache is not None:
         for item in extra:  # remember what the rest of the project teaches
             teacher = known.get(item.path)

@@ -3,9 +3,11 @@
 ``.replaylint_cache/`` (it ignores itself with its own ``.gitignore``) holds one JSON file per
 effective configuration — the settings, the replaylint version and the rule set. Each file maps an
 absolute path to its size, modification time, content digest, the gate-cache names it teaches and
-its results under a given set of learned names. A file whose size and mtime are unchanged is not
-even read; one whose content digest is unchanged is not analysed again. Entries are decoded one at
-a time, and their findings only when a run reports them.
+its results under a given set of learned names (and, for a file that was analysed, the summaries
+of the project modules it imports from: a change of a policy module re-lints its importers). A
+file whose size and mtime are unchanged is not even read; one whose content digest is unchanged is
+not analysed again. Entries are decoded one at a time, and their findings only when a run reports
+them. Module summaries are kept by content digest, so an unchanged module is not parsed again.
 
 Safety: the store is written to a temporary file and renamed into place, so a crash or a
 concurrent run leaves either the old or the new store, never a torn one (the last writer wins).
@@ -27,7 +29,8 @@ from replaylint._version import __version__
 from replaylint.lint.model import Applicability, Edit, Finding, Fix, Location
 
 CACHE_DIRECTORY = ".replaylint_cache"
-_FORMAT = 2
+_FORMAT = 3
+_MAX_SUMMARIES = 8192  # module summaries kept between runs (content digest -> summary)
 
 
 def digest(raw: bytes) -> str:
@@ -131,6 +134,8 @@ class ResultCache:
         ).hexdigest()
         self.path = self.directory / f"results-{key}.json"
         self._entries: dict[str, list[Any]] = {}
+        self._summaries: dict[str, Any] = {}
+        self._used_summaries: set[str] = set()
         self._dirty = False
         self._load()
 
@@ -141,6 +146,22 @@ class ResultCache:
             return  # no store yet, or an unreadable one: start afresh
         if isinstance(data, dict) and isinstance(data.get("files"), dict):
             self._entries = data["files"]
+            summaries = data.get("summaries")
+            if isinstance(summaries, dict):
+                self._summaries = summaries
+
+    def summary(self, content_digest: str) -> tuple[bool, Any]:
+        """(whether the store has it, the module summary) of the file with ``content_digest``;
+        a summary is plain JSON data (see :mod:`replaylint.lint.project.summaries`)."""
+        if content_digest in self._summaries:
+            self._used_summaries.add(content_digest)
+            return True, self._summaries[content_digest]
+        return False, None
+
+    def put_summary(self, content_digest: str, summary: Any) -> None:
+        self._summaries[content_digest] = summary
+        self._used_summaries.add(content_digest)
+        self._dirty = True
 
     def lookup(self, key: str) -> StoredFile | None:
         """The entry of the file whose absolute path is ``key``; None if absent or malformed."""
@@ -187,8 +208,13 @@ class ResultCache:
             return
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                summaries = self._summaries
+                if len(summaries) > _MAX_SUMMARIES:  # keep what this run read
+                    summaries = {k: v for k, v in summaries.items() if k in self._used_summaries}
                 json.dump(
-                    {"format": _FORMAT, "files": self._entries}, stream, separators=(",", ":")
+                    {"format": _FORMAT, "files": self._entries, "summaries": summaries},
+                    stream,
+                    separators=(",", ":"),
                 )
             os.replace(temporary, self.path)
         except OSError:
