@@ -10,8 +10,9 @@ or from disk). Two files with one module name make that name ambiguous: it resol
 into what it denotes: a definition of a project module, a module of the project, or a name
 outside it (``torch.bfloat16``), following imports and re-exports (``from .policy import X`` in a
 package's ``__init__``) with a bound on the chain and a guard against cycles. A
-:class:`ProjectView` is one importer's window: the modules it may read (its dependencies, which
-its cached result is keyed on) and its own module name, for relative imports.
+:class:`ProjectView` is one importer's window: its own module name, for relative imports. The
+index records which modules' summaries were read (:meth:`ProjectIndex.take_used`): the results of
+an analysis depend on exactly those files, and the result cache keys them on their digests.
 """
 
 from __future__ import annotations
@@ -21,17 +22,15 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from replaylint.lint.project.summaries import Definition, Summary, Value
 
 MAX_CHAIN = 8
 """Imports and aliases followed to reach one definition."""
-MAX_DEPENDENCIES = 48
-"""Modules one importer may read (its dependencies); further ones are not consulted."""
 
-SummaryLoader = Callable[[str], "Summary | None"]
-"""Reads the summary of the file at a path (None when it cannot be read or parsed)."""
+SummaryLoader = Callable[[str], "tuple[Summary | None, str]"]
+"""Reads the summary of the file at a path (None when it cannot be read or parsed) and the
+file's content digest."""
 
 
 @dataclass(frozen=True)
@@ -108,29 +107,6 @@ def module_names(paths: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def _references(definition: object) -> list[tuple[str, str | None]]:
-    """The (module, name) pairs a definition's values refer to: ``("", n)`` for a name of the
-    same module, ``(module, None)`` for a module imported whole."""
-    found: list[tuple[str, str | None]] = []
-    stack: list[object] = [definition]
-    while stack:
-        item = stack.pop()
-        if not isinstance(item, list) or not item:
-            if isinstance(item, dict):
-                stack.extend(item.values())
-            continue
-        tag = item[0]
-        if tag == "name" and len(item) == 2:
-            found.append(("", str(item[1])))
-        elif tag == "ref" and len(item) == 3:
-            found.append((str(item[1]), str(item[2])))
-        elif tag == "module" and len(item) == 2:
-            found.append((str(item[1]), None))
-        else:
-            stack.extend(item)
-    return found
-
-
 def summary_digest(summary: Summary | None) -> str:
     text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
@@ -143,8 +119,9 @@ class ProjectIndex:
     modules: Mapping[str, str]
     """Module name -> path."""
     loader: SummaryLoader
-    _summaries: dict[str, Summary | None] = field(default_factory=dict)
+    _summaries: dict[str, tuple[Summary | None, str]] = field(default_factory=dict)
     _by_path: dict[str, str] = field(default_factory=dict)
+    _used: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._by_path = {os.path.abspath(path): name for name, path in self.modules.items()}
@@ -157,10 +134,15 @@ class ProjectIndex:
         return os.path.basename(self.modules.get(module, "")) == "__init__.py"
 
     def summary(self, module: str) -> Summary | None:
-        if module not in self._summaries:
-            path = self.modules.get(module)
-            self._summaries[module] = None if path is None else self.loader(path)
-        return self._summaries[module]
+        """The module's summary, loaded on first use; every read is recorded (:meth:`take_used`)."""
+        path = self.modules.get(module)
+        if path is None:
+            return None
+        loaded = self._summaries.get(module)
+        if loaded is None:
+            loaded = self._summaries[module] = self.loader(path)
+        self._used[os.path.abspath(path)] = loaded[1]
+        return loaded[0]
 
     def path_of(self, module: str) -> str:
         return self.modules.get(module, module)
@@ -280,72 +262,12 @@ class ProjectIndex:
             return self.attribute(base, str(value[2]), allowed, origins, depth)
         return None
 
-    # ------------------------------------------------------------------ dependencies
-    def dependencies(self, module: str) -> frozenset[str]:
-        """The project modules ``module``'s analysis may read, breadth first, at most
-        :data:`MAX_DEPENDENCIES`: the modules it imports from, then the modules that the
-        definitions of the imported names refer to (all of a module's definitions for a module
-        imported whole), up to :data:`MAX_CHAIN` steps away."""
-        summary = self.summary(module)
-        if summary is None:
-            return frozenset({module})
-        seen: dict[str, set[str] | None] = {module: set()}
-        order = [module]
-        queue: list[tuple[str, str | None, int]] = []
-        for spec, name in summary["imports"]:
-            queue.extend(self._wanted(module, str(spec), name, 1))
-        while queue and len(order) < MAX_DEPENDENCIES:
-            current, name, depth = queue.pop(0)
-            known = seen.get(current, set())
-            if current not in seen:
-                seen[current] = set()
-                order.append(current)
-            if known is None or name in (known or set()):
-                continue  # already followed whole, or this name already
-            if name is None:
-                seen[current] = None
-            else:
-                seen[current].add(name)  # type: ignore[union-attr]
-            if depth >= MAX_CHAIN:
-                continue
-            found = self.summary(current)
-            if found is None:
-                continue
-            names = found["names"]
-            definitions = list(names.values()) if name is None else [names.get(name)]
-            for definition in definitions:
-                for spec, referred in _references(definition):
-                    if spec == "":
-                        queue.append((current, referred, depth + 1))
-                    else:
-                        queue.extend(self._wanted(current, spec, referred, depth + 1))
-        return frozenset(order)
-
-    def _wanted(
-        self, importer: str, spec: str, name: str | None, depth: int
-    ) -> list[tuple[str, str | None, int]]:
-        """What an import of ``name`` from ``spec`` reads: a submodule whole, or the name of the
-        module (and the packages above it, whose ``__init__`` runs first)."""
-        absolute = self.absolute(importer, spec)
-        if absolute is None:
-            return []
-        wanted: list[tuple[str, str | None, int]] = []
-        if name is not None and f"{absolute}.{name}" in self.modules:
-            wanted.append((f"{absolute}.{name}", None, depth))
-        if absolute in self.modules:
-            wanted.append((absolute, name, depth))
-        parts = absolute.split(".")
-        for cut in range(len(parts) - 1, 0, -1):  # `import a.b` binds `a`: `a.b.X` reads a.b
-            package = ".".join(parts[:cut])
-            if package in self.modules and name is None:
-                wanted.append((package, parts[cut], depth))
-        return wanted
-
-    def dependency_key(self, module: str) -> str:
-        """A fingerprint of the summaries ``module``'s analysis may read."""
-        modules = sorted(self.dependencies(module))
-        data: list[Any] = [(name, summary_digest(self.summary(name))) for name in modules]
-        return hashlib.blake2b(repr(data).encode(), digest_size=12).hexdigest()
+    def take_used(self) -> tuple[tuple[str, str], ...]:
+        """(path, content digest) of every module whose summary was read since the last call:
+        what the results of the analysis just done depend on."""
+        used = tuple(sorted(self._used.items()))
+        self._used.clear()
+        return used
 
 
 @dataclass(frozen=True)
@@ -354,14 +276,13 @@ class ProjectView:
 
     index: ProjectIndex
     module: str
-    allowed: frozenset[str]
+    allowed: frozenset[str] | None = None
+    """The modules it may read; None: every module of the project."""
 
     @classmethod
     def of(cls, index: ProjectIndex, path: str) -> ProjectView | None:
         module = index.module_of(path)
-        if module is None:
-            return None
-        return cls(index, module, index.dependencies(module))
+        return None if module is None else cls(index, module)
 
     def resolve(self, dotted: str) -> Target:
         return self.index.resolve(self.module, dotted, self.allowed)

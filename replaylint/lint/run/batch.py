@@ -27,7 +27,7 @@ from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.learning import entry_point_needles, learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
-from replaylint.lint.model import FileReport, Finding, Mode
+from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
@@ -195,7 +195,9 @@ def _cached_report(
     findings = stored.findings(filename)
     if findings is None:
         return None
-    report = FileReport(filename, findings=list(findings), unsafe_fixes=unsafe)
+    report = FileReport(
+        filename, findings=list(findings), unsafe_fixes=unsafe, dependencies=stored.dependencies
+    )
     if mode is not Mode.CHECK and any(report.fixable(f) for f in report.findings):
         return None  # there is something to fix: do it
     if report.findings and keep_sources:
@@ -418,13 +420,13 @@ def lint_many(
         if answerable is None or stored is None:
             continue
         info = answerable
-        if modules.answers(stored.learned_key, learned_key, info.key):
+        if stored.learned_key == learned_key and modules.unchanged(stored.dependencies):
             report = _cached_report(info, stored, mode, unsafe, keep_sources)
             if report is not None:
                 reports[item.path] = report
                 if info.scanned and cache is not None and mode is not Mode.DIFF:
                     # Same content under a new mtime: remember the new one, skip the read next time.
-                    cache.put(info.key, _entry(info, stored.learned_key, report.findings))
+                    cache.put(info.key, _entry(info, learned_key, report))
                 continue
         if not info.scanned:
             stale.append(info)
@@ -439,19 +441,17 @@ def lint_many(
         if state is not None and prefilter and not state.candidate:
             reports[item.path] = FileReport(str(item.path), unsafe_fixes=unsafe)
             if cache is not None and mode is not Mode.DIFF:
-                cache.put(state.key, _entry(state, learned_key, ()))
+                cache.put(state.key, _entry(state, learned_key, None))
             continue
         to_lint.append((item, mode, unsafe, keep_sources))
         sizes.append(state.size if state is not None else 0)
     if to_lint:
-        # Keys first: the summaries they read are then loaded here, before workers fork.
-        keys = [modules.result_key(learned_key, str(item.path)) for item, *_ in to_lint]
         linter = _make_linter(settings, names, prefilter, modules)
         done = _run_jobs(linter, to_lint, sizes, jobs)
-        for (item, *_), report, key in zip(to_lint, done, keys, strict=True):
+        for (item, *_), report in zip(to_lint, done, strict=True):
             reports[item.path] = report
             if cache is not None and mode is not Mode.DIFF:
-                _remember(cache, settings, item, report, known.get(item.path), key)
+                _remember(cache, settings, item, report, known.get(item.path), learned_key)
     if cache is not None:
         for item in extra:  # remember what the rest of the project teaches
             teacher = known.get(item.path)
@@ -472,15 +472,17 @@ def _learned_entry(info: _File) -> CachedFile:
     return CachedFile(info.size, info.mtime_ns, info.digest, info.learned, "", None, info.ctime_ns)
 
 
-def _entry(info: _File, learned_key: str, findings: Sequence[Finding]) -> CachedFile:
+def _entry(info: _File, learned_key: str, report: FileReport | None) -> CachedFile:
+    """An entry for results known without analysing (None: ruled out by the pre-filter)."""
     return CachedFile(
         info.size,
         info.mtime_ns,
         info.digest,
         info.learned,
         learned_key,
-        tuple(findings),
+        () if report is None else tuple(report.findings),
         info.ctime_ns,
+        () if report is None else report.dependencies,
     )
 
 
@@ -522,5 +524,6 @@ def _remember(
             learned_key=learned_key,
             findings=tuple(report.findings),
             ctime_ns=status.st_ctime_ns,
+            dependencies=report.dependencies,
         ),
     )

@@ -3,8 +3,8 @@
 ``.replaylint_cache/`` (it ignores itself with its own ``.gitignore``) holds one JSON file per
 effective configuration — the settings, the replaylint version and the rule set. Each file maps an
 absolute path to its size, modification time, content digest, the gate-cache names it teaches and
-its results under a given set of learned names (and, for a file that was analysed, the summaries
-of the project modules it imports from: a change of a policy module re-lints its importers). A
+its results under a given set of learned names (and, for a file that was analysed, the digests of
+the project modules whose summaries it read: a change of a policy module re-lints its importers). A
 file whose size and mtime are unchanged is not even read; one whose content digest is unchanged is
 not analysed again. Entries are decoded one at a time, and their findings only when a run reports
 them. Module summaries are kept by content digest, so an unchanged module is not parsed again.
@@ -52,6 +52,8 @@ class CachedFile:
     ctime_ns: int = 0
     """The inode's change time: restoring a tree with its mtimes (``cp -p``, ``rsync -a``,
     ``tar x``) changes it, and then the content digest decides."""
+    dependencies: tuple[tuple[str, str], ...] = ()
+    """(absolute path, content digest) of the project modules the results were computed from."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class StoredFile:
     learned_key: str
     raw_findings: Any
     ctime_ns: int = 0
+    dependencies: tuple[tuple[str, str], ...] = ()
 
     def findings(self, filename: str) -> tuple[Finding, ...] | None:
         """The cached findings, or None when unknown or not in the shape we write."""
@@ -167,7 +170,7 @@ class ResultCache:
         """The entry of the file whose absolute path is ``key``; None if absent or malformed."""
         entry = self._entries.get(key)
         try:
-            size, mtime_ns, content_digest, learned, learned_key, findings, ctime_ns = entry  # type: ignore[misc]
+            size, mtime_ns, content_digest, learned, learned_key, findings, ctime_ns, used = entry  # type: ignore[misc]
             if findings is not None and not isinstance(findings, list):
                 return None
             return StoredFile(
@@ -178,6 +181,7 @@ class ResultCache:
                 learned_key=str(learned_key),
                 raw_findings=findings,
                 ctime_ns=int(ctime_ns),
+                dependencies=tuple((str(path), str(known)) for path, known in used),
             )
         except (TypeError, ValueError, KeyError, IndexError):
             return None  # absent, or not the shape we write: ignore it
@@ -191,6 +195,7 @@ class ResultCache:
             cached.learned_key,
             None if cached.findings is None else [finding_to_data(f) for f in cached.findings],
             cached.ctime_ns,
+            [list(item) for item in cached.dependencies],
         ]
         self._dirty = True
 

@@ -1,22 +1,25 @@
 """A run's project index: module names of the project's files, summaries through the result cache.
 
-The analysis of one file may read the summaries of the project modules it imports from
-(:mod:`replaylint.lint.project`), so its cached results are keyed on them too: the key of an
-analysed file's results is the learned names' key plus a fingerprint of its dependencies'
-summaries. A file ruled out by the pre-filter holds no finding whatever its imports say, and keeps
-the plain key. Summaries are kept in the result cache by content digest: a module whose size and
-mtime are unchanged is neither read nor parsed to know its summary.
+The analysis of one file may read the summaries of other project modules it imports from
+(:mod:`replaylint.lint.project`); the index records which, and the file's cached results list
+those modules with their content digests (:attr:`~replaylint.lint.model.FileReport.dependencies`).
+The results hold while every listed file has that digest: a change of a policy module re-lints
+its importers, and only them. A file ruled out by the pre-filter holds no finding whatever its
+imports say, and lists none. Summaries are kept in the result cache by content digest, so a module
+whose size and mtime are unchanged is neither read nor parsed to know its summary.
+
+A module added later that an import would now reach instead (a new ``pkg/name.py`` where
+``from pkg import name`` read a name of ``pkg/__init__.py``) is not seen by cached results until
+the importer or a module it read changes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
-from replaylint.lint.project.index import ProjectIndex, module_names, summary_digest
+from replaylint.lint.project.index import ProjectIndex, module_names
 from replaylint.lint.project.summaries import Summary, summarise
 from replaylint.lint.run.cache import ResultCache, digest
 from replaylint.lint.run.files import FileProblem, decode_source
@@ -33,7 +36,6 @@ class RunModules:
         """Absolute path -> content digest, for the files whose digest the run knows."""
         self._cache = cache
         self._index: ProjectIndex | None = None
-        self._keys: dict[str, str] = {}
 
     @property
     def index(self) -> ProjectIndex:
@@ -41,42 +43,34 @@ class RunModules:
             self._index = ProjectIndex(module_names(self._paths), self._load)
         return self._index
 
-    def _load(self, path: str) -> Summary | None:
+    def _load(self, path: str) -> tuple[Summary | None, str]:
         known = self._digests.get(os.path.abspath(path), "")
         if known and self._cache is not None:
             found, summary = self._cache.summary(known)
             if found:
-                return summary  # type: ignore[no-any-return]
+                return summary, known
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
             text, _ = decode_source(raw)
         except (OSError, FileProblem):
-            return None
+            return None, ""
         summary = summarise(text)
+        content = digest(raw)
         if self._cache is not None:
-            self._cache.put_summary(digest(raw), summary)
-        return summary
+            self._cache.put_summary(content, summary)
+        return summary, content
 
-    def result_key(self, learned_key: str, path: str) -> str:
-        """The key of an analysed file's results: the learned names and what it imports."""
-        absolute = os.path.abspath(path)
-        key = self._keys.get(absolute)
-        if key is None:
-            index = self.index
-            module = index.module_of(absolute)
-            dependencies: list[Any] = []
-            if module is not None:
-                for name in sorted(index.dependencies(module) - {module}):
-                    dependencies.append((name, summary_digest(index.summary(name))))
-            fingerprint = hashlib.blake2b(repr(dependencies).encode(), digest_size=12)
-            key = self._keys[absolute] = fingerprint.hexdigest()
-        return f"{learned_key}:{key}"
-
-    def answers(self, stored_key: str, learned_key: str, path: str) -> bool:
-        """Whether results cached under ``stored_key`` hold for this run."""
-        if stored_key == learned_key:
-            return True  # ruled out by the pre-filter: no import changes that
-        if not stored_key.startswith(f"{learned_key}:"):
-            return False
-        return stored_key == self.result_key(learned_key, path)
+    def unchanged(self, dependencies: Sequence[tuple[str, str]]) -> bool:
+        """Whether every file of ``dependencies`` still has its recorded content digest."""
+        for path, recorded in dependencies:
+            current = self._digests.get(path)
+            if current is None:  # not a file the run has looked at: read it
+                try:
+                    with open(path, "rb") as handle:
+                        current = self._digests[path] = digest(handle.read())
+                except OSError:
+                    return False
+            if current != recorded:
+                return False
+        return True
