@@ -123,7 +123,12 @@ class _Evaluation:
         view = self.prov.project
         assert view is not None
         if kind == "ref" and value[1] == "":  # a dotted name as the module under analysis reads it
-            return _known(view.resolve(str(value[2])))
+            dotted = str(value[2])
+            found = view.resolve(dotted)
+            if found is None and "." in dotted.lstrip("."):  # `Policy.WIRE`: a class's member
+                head, _, last = dotted.rpartition(".")
+                return self.target(["attr", ["ref", "", head], last], context)
+            return _known(found)
         if kind == "attr":
             base = self.target(value[1], context)
             if isinstance(base, Found) and base.definition[0] == "class":

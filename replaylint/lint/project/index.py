@@ -226,8 +226,8 @@ class ProjectIndex:
             # `import torch` is no origin worth naming; `WIRE = torch.bfloat16` is
             through = origins if value[0] == "module" else here
             target = self.value_target(module, value, allowed, through, depth + 1)
-            if target is not None:
-                return target
+            if target is not None or value[0] != "attr":
+                return target  # an import or alias that leads nowhere (or in a cycle): nothing
         return Found(module, name, definition, here)
 
     def value_target(
