@@ -143,7 +143,9 @@ def test_class_summaries_keep_constants_fields_and_properties() -> None:
     assert summary is not None
     kind, _, members, flags = summary["names"]["CacheConfig"]
     assert kind == "class"
-    assert flags["record"] and flags["frozen"] and not flags["init"]
+    assert flags["record"]
+    assert flags["frozen"]
+    assert not flags["init"]
     assert members["ring_dtype"][0] == "field"
     assert members["gate_dtype"][2] == ["attr", ["name", "torch"], "float32"]
     assert members["layers"][2] == ["required"]
@@ -225,7 +227,8 @@ def test_cycles_and_long_chains_resolve_to_nothing(tmp_path: Path) -> None:
     assert index.resolve("pkg.a", "pkg.a.X") is None
     assert index.resolve("pkg.c0", "pkg.c0.X") is None
     short = index.resolve("pkg.c5", f"pkg.c{MAX_CHAIN}.X")
-    assert isinstance(short, External) and short.name == "torch.bfloat16"
+    assert isinstance(short, External)
+    assert short.name == "torch.bfloat16"
 
 
 def test_summaries_read_are_recorded(tmp_path: Path) -> None:
