@@ -242,14 +242,20 @@ class _Evaluation:
         raise _Unknown
 
     def table(self, value: Value, context: _Context) -> list[Any]:
+        """The entries of a literal dict (by key) or tuple (by position) a value denotes."""
         self.step()
-        if value[0] == "table":
+        kind = value[0]
+        if kind == "table":
             return [[k, _There(v, context)] for k, v in value[1]]
+        if kind == "tuple":
+            return [[i, _There(v, context)] for i, v in enumerate(value[1])]
+        if kind == "item":  # `SPECS["g_cache"][1]`: an entry of an entry
+            return self.table(self.item(value[1], value[2], context), context)
         target = self.target(value, context)
         if isinstance(target, Found) and target.definition[0] == "value":
             inner = _Context(target.module, origins=target.origins)
             return self.table(target.definition[2], inner)
-        if isinstance(target, _There):
+        if isinstance(target, _There) and target.value is not value:
             return self.table(target.value, target.context)
         raise _Unknown
 
@@ -259,10 +265,16 @@ class _Evaluation:
             return value[1]
         target = self.target(value, context)
         if isinstance(target, _Here):
+            if isinstance(target.expr, cst.Integer):
+                return int(target.expr.value, 0)
             text = self.prov.string_value(target.expr, target.site, target.env)
-            if text is None:
+            if text is not None:
+                return text
+            # `flags.KV_CACHE_DTYPE_FLAG`: a string constant of a module imported whole
+            written = _expression(self.prov, target.expr, target.site, target.env)
+            if written is None or self.prov.project is None:
                 raise _Unknown
-            return text
+            return self.string(written, _Context(self.prov.project.module))
         if isinstance(target, _There):
             return self.string(target.value, target.context)
         if isinstance(target, Found) and target.definition[0] == "value":
@@ -370,9 +382,12 @@ def _describe(origins: tuple[Origin, ...]) -> str:
     if not origins:
         return ""
     last = origins[-1]
-    if len(origins) == 1 or origins[0] == last:
+    # a class member names the value better than the class it was reached through
+    members = [origin for origin in origins if "." in origin.name]
+    first = members[-1] if members else origins[0]
+    if first == last:
         return f"from {last.describe()}"
-    return f"from {origins[0].describe()}, defined as {last.describe()}"
+    return f"from {first.describe()}, defined as {last.describe()}"
 
 
 # ---------------------------------------------------------------------- entry points

@@ -190,7 +190,9 @@ class Provenance:
                     facts.append(DtypeFact(None, expr, binding, parameter=binding.name))
                 elif binding.kind == "assign" and binding.value is not None:
                     for fact in self.dtype_facts(binding.value, binding_site, env):
-                        facts.append(DtypeFact(fact.dtype, fact.node, binding, fact.parameter))
+                        facts.append(
+                            DtypeFact(fact.dtype, fact.node, binding, fact.parameter, fact.origin)
+                        )
                 else:
                     facts.append(DtypeFact(None, expr, binding))
             return tuple(facts)

@@ -107,8 +107,8 @@ def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
                 seen.append(text)
         if fact.origin and fact.dtype is not None and fact.origin not in origins:
             origins.append(fact.origin)
-    through_locals = f" (through {'; '.join(seen)})" if seen else ""
-    return through_locals + "".join(f" ({origin})" for origin in origins)
+    pieces = [f"through {'; '.join(seen)}"] if seen else []
+    return f" ({'; '.join([*pieces, *origins])})" if pieces or origins else ""
 
 
 def is_spread(fact: TensorFact) -> bool:
