@@ -504,3 +504,24 @@ def test_without_a_project_index_nothing_is_resolved(tmp_path: Path) -> None:
     text = (tmp_path / "pkg/pool.py").read_text(encoding="utf-8")
     findings = Linter().check(text, str(tmp_path / "pkg/pool.py"))
     assert _codes(findings) == [(3, "RL002")]  # today's single-module answer
+
+
+def test_a_helper_of_the_project_that_allocates_without_a_dtype(tmp_path: Path) -> None:
+    files = _pool("from .rings import plain_ring\ng_cache = plain_ring(4)\n")
+    files["pkg/rings.py"] = "import torch\ndef plain_ring(n):\n    return torch.empty(n, 16)\n"
+    (finding,) = _lint(tmp_path, files, "pkg/pool.py")
+    assert finding.code == "RL003"
+    assert "made by `plain_ring` at " in finding.message
+    assert "rings.py:2" in finding.message
+    assert finding.fix is not None
+    assert [e.content for e in finding.fix.edits] == [".to(torch.float32)"]
+
+
+def test_an_ambiguous_module_resolves_to_nothing(tmp_path: Path) -> None:
+    files = {
+        "a/policy.py": "import torch\nWIRE = torch.float32\n",
+        "b/policy.py": "import torch\nWIRE = torch.bfloat16\n",
+        "a/pool.py": "import torch\nfrom policy import WIRE\ng_cache = torch.zeros(4, dtype=WIRE)\n",
+    }
+    # two top-level modules named `policy`: which one `import policy` finds is not known
+    assert _codes(_lint(tmp_path, files, "a/pool.py")) == [(3, "RL002")]
