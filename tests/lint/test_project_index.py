@@ -87,6 +87,9 @@ def test_constants_tables_and_aliases_are_summarised() -> None:
         ('T = {"a": torch.float32}\nT["a"] = torch.half\n', "T"),  # mutated in place
         ('T = {"a": torch.float32}\nT.update(a=torch.half)\n', "T"),
         ("X = torch.float32\ndel X\n", "X"),
+        ("X = torch.float32\nfrom .other import *\n", "X"),  # a star import may rebind it
+        ("X = torch.float32\nglobals()['X'] = torch.half\n", "X"),
+        ("X = torch.float32\nif (X := torch.half):\n    pass\n", "X"),
     ],
 )
 def test_names_that_are_not_certain_are_unknown(source: str, name: str) -> None:
@@ -239,7 +242,8 @@ def test_summaries_read_are_recorded(tmp_path: Path) -> None:
     index = _index(paths)
     assert isinstance(index.resolve("pkg", "pkg.policy.X"), External)
     used = index.take_used()
-    assert [Path(path).name for path, _ in used] == ["policy.py"]
+    # the package too: a name it bound would shadow the submodule
+    assert [Path(path).name for path, _ in used] == ["__init__.py", "policy.py"]
     assert index.take_used() == ()
 
 
@@ -525,3 +529,44 @@ def test_an_ambiguous_module_resolves_to_nothing(tmp_path: Path) -> None:
     }
     # two top-level modules named `policy`: which one `import policy` finds is not known
     assert _codes(_lint(tmp_path, files, "a/pool.py")) == [(3, "RL002")]
+
+
+def test_a_name_a_package_binds_and_a_submodule_of_it_is_ambiguous(tmp_path: Path) -> None:
+    paths = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import torch\npolicy = torch.float32\n",
+            "pkg/policy.py": "import torch\nX = torch.bfloat16\n",
+        },
+    )
+    assert _index(paths).resolve("pkg", "pkg.policy") is None
+
+
+def test_a_module_constant_the_importer_assigns_is_not_vouched_for(tmp_path: Path) -> None:
+    body = """
+    from . import policy
+    policy.GATE_RING_DTYPE = torch.bfloat16
+    g_cache = torch.zeros(4, dtype=policy.GATE_RING_DTYPE)
+    """
+    assert _codes(_lint(tmp_path, _pool(body), "pkg/pool.py")) == [(4, "RL002")]
+
+
+@pytest.mark.parametrize(("frozen", "expected"), [(True, [(5, "RL001")]), (False, [(5, "RL002")])])
+def test_an_instance_kept_in_a_local_holds_its_defaults_only_when_frozen(
+    tmp_path: Path, frozen: bool, expected: list[tuple[int, str]]
+) -> None:
+    config = CONFIG.replace(
+        "@dataclass(frozen=True)", "@dataclass" if not frozen else "@dataclass(frozen=True)"
+    )
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/config.py": config,
+        "pkg/pool.py": (
+            "import torch\n"
+            "from .config import CacheConfig\n"
+            "cfg = CacheConfig()\n"
+            "configure(cfg)\n"
+            "g_cache = torch.zeros(4, dtype=cfg.ring_dtype)\n"
+        ),
+    }
+    assert _codes(_lint(tmp_path, files, "pkg/pool.py")) == expected

@@ -118,13 +118,16 @@ class _Evaluation:
                 raise _Unknown
             self.used_params.add(str(value[1]))
             return bound
-        if kind in {"self", "call", "__instance__", "__member__"}:
+        if kind in {"self", "call", "__instance__", "__bound__", "__member__"}:
             return _There(value, context)
         view = self.prov.project
         assert view is not None
         if kind == "ref" and value[1] == "":  # a dotted name as the module under analysis reads it
             dotted = str(value[2])
             found = view.resolve(dotted)
+            chain = found.origins if isinstance(found, (Found, External)) else ()
+            if any(self.prov.index.assigns_attribute(o.name) for o in chain):
+                raise _Unknown  # `policy.WIRE_DTYPE = ...` here: the module's value may not hold
             if found is None and "." in dotted.lstrip("."):  # `Policy.WIRE`: a class's member
                 head, _, last = dotted.rpartition(".")
                 return self.target(["attr", ["ref", "", head], last], context)
@@ -134,7 +137,7 @@ class _Evaluation:
             if isinstance(base, Found) and base.definition[0] == "class":
                 return _There(["__member__", base, value[2]], context)
             if isinstance(base, (_Here, _There)):
-                if value[1][0] in {"call", "__instance__"}:
+                if value[1][0] in {"call", "__instance__", "__bound__"}:
                     return _There(value, context)  # an attribute of an instance
                 raise _Unknown
             return _known(view.index.attribute(base, str(value[2]), view.allowed, context.origins))
@@ -166,7 +169,11 @@ class _Evaluation:
             facts = self.prov.dtype_facts(target.expr, target.site, target.env)
             return list(facts)
         if isinstance(target, _There):
-            if target.value[0] == "attr" and target.value[1][0] in {"call", "__instance__"}:
+            if target.value[0] == "attr" and target.value[1][0] in {
+                "call",
+                "__instance__",
+                "__bound__",
+            }:
                 return self.attribute_dtypes(target.value, target.context)
             return self.dtypes(target.value, target.context)
         if isinstance(target, External):
@@ -182,13 +189,16 @@ class _Evaluation:
     def attribute_dtypes(self, value: Value, context: _Context) -> list[DtypeFact]:
         """``<instance>.name`` of a class of the project (``CacheConfig().ring_dtype``)."""
         base = value[1]
-        if base[0] in {"call", "__instance__"}:
+        kind = base[0]
+        if kind == "__bound__":  # `cfg = CacheConfig()` earlier: frozen, or it may have changed
+            kind, base = "call", base[1]
+        if kind in {"call", "__instance__"}:
             found = self.target(base[1], context)
             if isinstance(found, Found) and found.definition[0] == "class":
                 # `CacheConfig()` keeps every default; `cfg: CacheConfig` was built elsewhere
-                holds = base[0] == "call" and not (base[2] or base[3])
-                if base[0] == "call" and not holds:
+                if kind == "call" and (base[2] or base[3]):
                     raise _Unknown  # built with arguments here: which field they set is not read
+                holds = kind == "call" and (value[1][0] == "call" or found.definition[3]["frozen"])
                 return self.member_dtypes(_Instance(found, holds), str(value[2]), context)
         raise _Unknown
 
@@ -469,7 +479,8 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
         return None
     binding, binding_site = found[0]
     if binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        return _expression(prov, binding.value, binding_site, env)
+        made = _expression(prov, binding.value, binding_site, env)
+        return None if made is None else ["__bound__", made]
     node = binding.node
     if binding.kind == "param" and isinstance(node, cst.Param) and node.annotation is not None:
         annotation = node.annotation.annotation

@@ -172,6 +172,8 @@ class ProjectIndex:
             spec = dots + ".".join(parts[:cut])
             module = self.absolute(importer, spec) if spec else None
             if module is not None and module in self.modules:
+                if self._shadowed(module):
+                    return None  # the package binds the name too: which one wins depends on order
                 target: Target = ModuleRef(module)
                 for attribute in parts[cut:]:
                     target = self.attribute(target, attribute, allowed, ())
@@ -195,8 +197,23 @@ class ProjectIndex:
             return None
         submodule = f"{target.module}.{name}"
         if submodule in self.modules and self.summary_allowed(submodule, allowed):
+            if self._shadowed(submodule):
+                return None  # the package binds the name too: which one wins depends on order
             return ModuleRef(submodule)
         return self.lookup(target.module, name, allowed, origins, depth)
+
+    def _shadowed(self, module: str) -> bool:
+        """Whether ``module``'s package binds its name to something else than the submodule
+        (``policy = torch.float32`` in ``pkg/__init__.py`` beside ``pkg/policy.py``)."""
+        package, _, last = module.rpartition(".")
+        summary = self.summary(package) if package in self.modules else None
+        definition = None if summary is None else summary["names"].get(last)
+        if definition is None:
+            return False
+        value = definition[2] if definition[0] == "value" else None
+        if value is not None and value[0] == "ref" and value[2] == last:
+            return self.absolute(package, str(value[1])) != package  # `from . import policy`
+        return not (value is not None and value[0] == "module" and value[1] == module)
 
     def summary_allowed(self, module: str, allowed: frozenset[str] | None) -> bool:
         return allowed is None or module in allowed
@@ -218,6 +235,9 @@ class ProjectIndex:
         definition = summary["names"].get(name)
         if definition is None or definition[0] == "unknown":
             return None
+        assigned = summary["assigned"]
+        if name in assigned or "*" in assigned:
+            return None  # `sys.modules[__name__].X = ...`, `setattr(...)`: not certain
         here = (*origins, Origin(name, self.path_of(module), int(definition[1])))
         if definition[0] != "value":
             return Found(module, name, definition, here)

@@ -35,7 +35,19 @@ Summary = dict[str, Any]
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
-_CONDITIONAL = (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)
+_CONDITIONAL: tuple[type[ast.stmt], ...] = (
+    ast.If,
+    ast.Try,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Match,
+    *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
+)
+# calls that rebind a module's names behind the analysis's back
+_DYNAMIC_NAMESPACE = frozenset({"globals", "vars", "exec"})
 _MAX_VALUE_NODES = 200  # a constant larger than this is no dtype policy
 
 
@@ -59,13 +71,17 @@ class _Summariser:
         self.spoiled: set[str] = set()
         self.assigned: set[str] = set()
         self.imports: set[tuple[str, str | None]] = set()
+        self.dynamic = False
+        """The module rebinds names in ways not followed (a star import, ``globals()``)."""
 
     def summary(self) -> Summary:
         for statement in self.tree.body:
             self._top_level(statement)
         self._scan_everything()
         names = {
-            name: (["unknown", definition[1]] if name in self.spoiled else definition)
+            name: (
+                ["unknown", definition[1]] if self.dynamic or name in self.spoiled else definition
+            )
             for name, definition in self.names.items()
         }
         for name in self.spoiled - names.keys():
@@ -106,6 +122,7 @@ class _Summariser:
             spec = _module_spec(statement)
             for alias in statement.names:
                 if alias.name == "*":
+                    self.dynamic = True  # any name may be rebound by what it brings
                     continue
                 local = alias.asname or alias.name
                 self._define(local, ["value", line, ["ref", spec, alias.name]])
@@ -146,10 +163,14 @@ class _Summariser:
                         self.assigned.add(target.attr)
                     if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
                         self.spoiled.add(target.value.id)
+            elif isinstance(node, ast.NamedExpr):
+                self.spoiled.add(node.target.id)  # a walrus may rebind a module name
             elif isinstance(node, ast.Call):
                 func = node.func
                 if isinstance(func, ast.Name) and func.id in {"setattr", "delattr"}:
                     self.assigned.add("*")
+                elif isinstance(func, ast.Name) and func.id in _DYNAMIC_NAMESPACE:
+                    self.dynamic = True
                 elif isinstance(func, ast.Attribute):
                     if func.attr == "__setattr__":
                         self.assigned.add("*")
