@@ -45,7 +45,7 @@ class Project:
         base = GateCacheNames(settings.gate_cache_patterns)
         needles = [n.encode() for n in entry_point_needles(settings.entry_points) or ()]
         files, _ = discover([settings.root], settings)
-        self.modules = RunModules([item.path for item in files], {}, None)
+        self.modules = RunModules([item.path for item in files], dict, None)
         sources = []
         for item in files:
             try:

@@ -80,7 +80,7 @@ def test_replayssm_code_gives_no_finding_with_the_project_index(
     sglang: Path, real_trees: types.ModuleType
 ) -> None:
     # as a run over the tree does: names imported from sglang's own modules are resolved
-    modules = RunModules(sorted(sglang.rglob("*.py")), {}, None)
+    modules = RunModules(sorted(sglang.rglob("*.py")), dict, None)
     files = sorted(
         path
         for path in sglang.rglob("*.py")

@@ -407,7 +407,10 @@ def lint_many(
         rescan = [f for f in known.values() if f.scanned and f.item.path in linted]
         _rescan_for_learned_names(scanner, rescan, names, jobs)
     learned_key = _learned_key(names)
-    digests = {os.path.abspath(info.key): info.digest for info in known.values() if info.digest}
+
+    def digests() -> dict[str, str]:
+        return {os.path.abspath(i.key): i.digest for i in known.values() if i.digest}
+
     modules = RunModules([item.path for item in teachers], digests, cache)
 
     reports: dict[Path, FileReport] = {}

@@ -16,35 +16,51 @@ the importer or a module it read changes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from replaylint.lint.project.index import ProjectIndex, module_names
-from replaylint.lint.project.summaries import Summary, summarise
 from replaylint.lint.run.cache import ResultCache, digest
 from replaylint.lint.run.files import FileProblem, decode_source
+
+if TYPE_CHECKING:  # imported on use: a run answered from the cache builds no index
+    from replaylint.lint.project.index import ProjectIndex
+    from replaylint.lint.project.summaries import Summary
 
 
 class RunModules:
     """The project index of one run, built on first use."""
 
     def __init__(
-        self, paths: Iterable[Path], digests: dict[str, str], cache: ResultCache | None
+        self,
+        paths: Iterable[Path],
+        digests: Callable[[], dict[str, str]],
+        cache: ResultCache | None,
     ) -> None:
-        self._paths = [str(path) for path in paths]
-        self._digests = digests
-        """Absolute path -> content digest, for the files whose digest the run knows."""
+        self._paths = paths
+        self._known_digests = digests
+        self._digests: dict[str, str] | None = None
         self._cache = cache
         self._index: ProjectIndex | None = None
 
     @property
+    def digests(self) -> dict[str, str]:
+        """Absolute path -> content digest, for the files whose digest the run knows (built on
+        first use: a warm run whose results read no other module never needs it)."""
+        if self._digests is None:
+            self._digests = self._known_digests()
+        return self._digests
+
+    @property
     def index(self) -> ProjectIndex:
         if self._index is None:
-            self._index = ProjectIndex(module_names(self._paths), self._load)
+            from replaylint.lint.project.index import ProjectIndex, module_names
+
+            self._index = ProjectIndex(module_names(str(p) for p in self._paths), self._load)
         return self._index
 
     def _load(self, path: str) -> tuple[Summary | None, str]:
-        known = self._digests.get(os.path.abspath(path), "")
+        known = self.digests.get(os.path.abspath(path), "")
         if known and self._cache is not None:
             found, summary = self._cache.summary(known)
             if found:
@@ -55,6 +71,8 @@ class RunModules:
             text, _ = decode_source(raw)
         except (OSError, FileProblem):
             return None, ""
+        from replaylint.lint.project.summaries import summarise
+
         summary = summarise(text)
         content = digest(raw)
         if self._cache is not None:
@@ -64,11 +82,11 @@ class RunModules:
     def unchanged(self, dependencies: Sequence[tuple[str, str]]) -> bool:
         """Whether every file of ``dependencies`` still has its recorded content digest."""
         for path, recorded in dependencies:
-            current = self._digests.get(path)
+            current = self.digests.get(path)
             if current is None:  # not a file the run has looked at: read it
                 try:
                     with open(path, "rb") as handle:
-                        current = self._digests[path] = digest(handle.read())
+                        current = self.digests[path] = digest(handle.read())
                 except OSError:
                     return False
             if current != recorded:
