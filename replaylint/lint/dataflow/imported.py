@@ -6,7 +6,8 @@ The module under analysis writes ``dtype=GATE_RING_DTYPE``, ``dtype=policy.WIRE_
 of the project. When the run has a project index (:mod:`replaylint.lint.project`), the name is
 resolved through the imports to its definition, and that definition's summary is evaluated here:
 constants and aliases, functions (their parameters bound to the call's arguments), string tables,
-class constants, dataclass fields and properties, allocation helpers, partials and lambdas.
+class constants, dataclass fields and properties; calls of the project's allocation helpers,
+partials and lambdas are :mod:`.imported_calls`'s.
 
 Only what is certain counts: a definition the summary marks unknown (rebound, conditional,
 mutated), an attribute assigned anywhere in the defining module or here, a dataclass field of an
@@ -26,26 +27,15 @@ from typing import TYPE_CHECKING, Any
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import (
-    AddDtypeArgument,
-    CastValue,
     DtypeFact,
-    Float32Target,
-    Kind,
-    SetDtype,
-    TensorFact,
-    all_not_floating,
 )
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import (
-    FLOAT32,
-    PARTIALS,
-    POSITIONAL_DTYPE,
-    TORCH_FACTORIES,
     dtype_from_qualified_name,
 )
 from replaylint.lint.project.index import External, Found, Origin, Target
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import keyword_arg, positional_args
+from replaylint.lint.syntax.nodes import positional_args
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -55,7 +45,7 @@ _MAX_STEPS = 64  # evaluation steps per question: summaries are small, chains ar
 
 
 @dataclass(frozen=True)
-class _Here:
+class Here:
     """An argument written in the module under analysis."""
 
     expr: cst.BaseExpression
@@ -64,11 +54,11 @@ class _Here:
 
 
 @dataclass(frozen=True)
-class _There:
+class There:
     """A value written in a project module, evaluated in its context."""
 
     value: Value
-    context: _Context
+    context: Context
 
 
 @dataclass(frozen=True)
@@ -80,19 +70,19 @@ class _Instance:
 
 
 @dataclass(frozen=True)
-class _Context:
+class Context:
     module: str
-    params: Mapping[str, _Here | _There] = field(default_factory=dict)
+    params: Mapping[str, Here | There] = field(default_factory=dict)
     instance: _Instance | None = None
     origins: tuple[Origin, ...] = ()
 
 
-class _Unknown(Exception):
+class Unknown(Exception):
     """Something on the way is not certain: the question has no answer from the project."""
 
 
 @dataclass
-class _Evaluation:
+class Evaluation:
     prov: Provenance
     node: cst.BaseExpression
     """The expression of the module under analysis that the facts are about."""
@@ -102,11 +92,11 @@ class _Evaluation:
     def step(self) -> None:
         self.steps += 1
         if self.steps > _MAX_STEPS or not self.prov.enter():
-            raise _Unknown
+            raise Unknown
         self.prov.leave()
 
     # ------------------------------------------------------------------ targets
-    def target(self, value: Value, context: _Context) -> Target | _There | _Here:
+    def target(self, value: Value, context: Context) -> Target | There | Here:
         """What a name-like value denotes; a parameter's argument as it was passed."""
         self.step()
         kind = value[0]
@@ -115,11 +105,11 @@ class _Evaluation:
         if kind == "param":
             bound = context.params.get(str(value[1]))
             if bound is None:
-                raise _Unknown
+                raise Unknown
             self.used_params.add(str(value[1]))
             return bound
         if kind in {"self", "call", "__instance__", "__bound__", "__member__"}:
-            return _There(value, context)
+            return There(value, context)
         view = self.prov.project
         assert view is not None
         if kind == "ref" and value[1] == "":  # a dotted name as the module under analysis reads it
@@ -127,7 +117,7 @@ class _Evaluation:
             found = view.resolve(dotted)
             chain = found.origins if isinstance(found, (Found, External)) else ()
             if any(self.prov.index.assigns_attribute(o.name) for o in chain):
-                raise _Unknown  # `policy.WIRE_DTYPE = ...` here: the module's value may not hold
+                raise Unknown  # `policy.WIRE_DTYPE = ...` here: the module's value may not hold
             if found is None and "." in dotted.lstrip("."):  # `Policy.WIRE`: a class's member
                 head, _, last = dotted.rpartition(".")
                 return self.target(["attr", ["ref", "", head], last], context)
@@ -135,20 +125,20 @@ class _Evaluation:
         if kind == "attr":
             base = self.target(value[1], context)
             if isinstance(base, Found) and base.definition[0] == "class":
-                return _There(["__member__", base, value[2]], context)
-            if isinstance(base, (_Here, _There)):
+                return There(["__member__", base, value[2]], context)
+            if isinstance(base, (Here, There)):
                 if value[1][0] in {"call", "__instance__", "__bound__"}:
-                    return _There(value, context)  # an attribute of an instance
-                raise _Unknown
+                    return There(value, context)  # an attribute of an instance
+                raise Unknown
             return _known(view.index.attribute(base, str(value[2]), view.allowed, context.origins))
         target = view.index.value_target(context.module, value, view.allowed, context.origins, 0)
         if target is None and kind in {"name", "ref", "module"}:
-            raise _Unknown
-        return target if target is not None else _There(value, context)
+            raise Unknown
+        return target if target is not None else There(value, context)
 
     # ------------------------------------------------------------------ dtypes
-    def dtypes(self, value: Value, context: _Context) -> list[DtypeFact]:
-        """The dtypes a project value may be; raises :class:`_Unknown` when not certain."""
+    def dtypes(self, value: Value, context: Context) -> list[DtypeFact]:
+        """The dtypes a project value may be; raises :class:`Unknown` when not certain."""
         self.step()
         kind = value[0]
         if kind in {"name", "ref", "module", "attr", "param", "__here__", "__there__"}:
@@ -162,13 +152,13 @@ class _Evaluation:
             return self.dtypes(self.item(value[1], value[2], context), context)
         if kind == "call":
             return self.call_dtypes(value, context)
-        raise _Unknown
+        raise Unknown
 
-    def target_dtypes(self, target: Target | _There | _Here, context: _Context) -> list[DtypeFact]:
-        if isinstance(target, _Here):
+    def target_dtypes(self, target: Target | There | Here, context: Context) -> list[DtypeFact]:
+        if isinstance(target, Here):
             facts = self.prov.dtype_facts(target.expr, target.site, target.env)
             return list(facts)
-        if isinstance(target, _There):
+        if isinstance(target, There):
             if target.value[0] == "attr" and target.value[1][0] in {
                 "call",
                 "__instance__",
@@ -179,14 +169,14 @@ class _Evaluation:
         if isinstance(target, External):
             dtype = dtype_from_qualified_name(target.name)
             if dtype is None:
-                raise _Unknown
+                raise Unknown
             return [self.fact(dtype, target.origins)]
         if isinstance(target, Found) and target.definition[0] == "value":
-            inner = _Context(target.module, origins=target.origins)
+            inner = Context(target.module, origins=target.origins)
             return self.dtypes(target.definition[2], inner)
-        raise _Unknown
+        raise Unknown
 
-    def attribute_dtypes(self, value: Value, context: _Context) -> list[DtypeFact]:
+    def attribute_dtypes(self, value: Value, context: Context) -> list[DtypeFact]:
         """``<instance>.name`` of a class of the project (``CacheConfig().ring_dtype``)."""
         base = value[1]
         kind = base[0]
@@ -197,21 +187,21 @@ class _Evaluation:
             if isinstance(found, Found) and found.definition[0] == "class":
                 # `CacheConfig()` keeps every default; `cfg: CacheConfig` was built elsewhere
                 if kind == "call" and (base[2] or base[3]):
-                    raise _Unknown  # built with arguments here: which field they set is not read
+                    raise Unknown  # built with arguments here: which field they set is not read
                 holds = kind == "call" and (value[1][0] == "call" or found.definition[3]["frozen"])
                 return self.member_dtypes(_Instance(found, holds), str(value[2]), context)
-        raise _Unknown
+        raise Unknown
 
     def member_dtypes(
         self,
         instance: _Instance | None,
         name: str,
-        context: _Context,
+        context: Context,
         *,
         on_class: bool = False,
     ) -> list[DtypeFact]:
         if instance is None:
-            raise _Unknown
+            raise Unknown
         found = instance.found
         members, flags = found.definition[2], found.definition[3]
         member = members.get(name)
@@ -220,17 +210,17 @@ class _Evaluation:
         summary = view.index.summary(found.module) or {}
         assigned = set(summary.get("assigned", ()))
         if member is None or member[0] in {"unknown", "method"} or flags.get("bases"):
-            raise _Unknown  # an inherited member, or a base class that may define it
+            raise Unknown  # an inherited member, or a base class that may define it
         if name in assigned or "*" in assigned or self.prov.index.assigns_attribute(name):
-            raise _Unknown  # an instance may carry another value than the class's
+            raise Unknown  # an instance may carry another value than the class's
         where = Origin(f"{found.name}.{name}", view.index.path_of(found.module), int(member[1]))
-        inner = _Context(found.module, instance=instance, origins=(*found.origins, where))
+        inner = Context(found.module, instance=instance, origins=(*found.origins, where))
         if member[0] == "property":
             if on_class:
-                raise _Unknown  # the property object, not its value
+                raise Unknown  # the property object, not its value
             return self.dtypes(member[2], inner)
         if member[0] == "field" and flags.get("init"):
-            raise _Unknown  # a custom __init__ or __post_init__ may set it
+            raise Unknown  # a custom __init__ or __post_init__ may set it
         facts = self.dtypes(member[2], inner)
         # built elsewhere, the field may hold any value it was given: the default vouches only
         # for float32 (as for a dataclass of the module itself)
@@ -239,59 +229,59 @@ class _Evaluation:
             and not instance.defaults_hold
             and not all(f.is_float32 for f in facts)
         ):
-            raise _Unknown
+            raise Unknown
         return facts
 
-    def item(self, table: Value, key: Value, context: _Context) -> Value:
+    def item(self, table: Value, key: Value, context: Context) -> Value:
         """``TABLE[key]`` with a literal table and a key known statically."""
         entries = self.table(table, context)
         wanted = self.string(key, context)
         for entry_key, entry_value in entries:
             if entry_key == wanted:
                 return _bound(entry_value, context)
-        raise _Unknown
+        raise Unknown
 
-    def table(self, value: Value, context: _Context) -> list[Any]:
+    def table(self, value: Value, context: Context) -> list[Any]:
         """The entries of a literal dict (by key) or tuple (by position) a value denotes."""
         self.step()
         kind = value[0]
         if kind == "table":
-            return [[k, _There(v, context)] for k, v in value[1]]
+            return [[k, There(v, context)] for k, v in value[1]]
         if kind == "tuple":
-            return [[i, _There(v, context)] for i, v in enumerate(value[1])]
+            return [[i, There(v, context)] for i, v in enumerate(value[1])]
         if kind == "item":  # `SPECS["g_cache"][1]`: an entry of an entry
             return self.table(self.item(value[1], value[2], context), context)
         target = self.target(value, context)
         if isinstance(target, Found) and target.definition[0] == "value":
-            inner = _Context(target.module, origins=target.origins)
+            inner = Context(target.module, origins=target.origins)
             return self.table(target.definition[2], inner)
-        if isinstance(target, _There) and target.value is not value:
+        if isinstance(target, There) and target.value is not value:
             return self.table(target.value, target.context)
-        raise _Unknown
+        raise Unknown
 
-    def string(self, value: Value, context: _Context) -> str | int:
+    def string(self, value: Value, context: Context) -> str | int:
         self.step()
         if value[0] == "const" and isinstance(value[1], (str, int)):
             return value[1]
         target = self.target(value, context)
-        if isinstance(target, _Here):
+        if isinstance(target, Here):
             if isinstance(target.expr, cst.Integer):
                 return int(target.expr.value, 0)
             text = self.prov.string_value(target.expr, target.site, target.env)
             if text is not None:
                 return text
             # `flags.KV_CACHE_DTYPE_FLAG`: a string constant of a module imported whole
-            written = _expression(self.prov, target.expr, target.site, target.env)
+            written = as_value(self.prov, target.expr, target.site, target.env)
             if written is None or self.prov.project is None:
-                raise _Unknown
-            return self.string(written, _Context(self.prov.project.module))
-        if isinstance(target, _There):
+                raise Unknown
+            return self.string(written, Context(self.prov.project.module))
+        if isinstance(target, There):
             return self.string(target.value, target.context)
         if isinstance(target, Found) and target.definition[0] == "value":
-            return self.string(target.definition[2], _Context(target.module))
-        raise _Unknown
+            return self.string(target.definition[2], Context(target.module))
+        raise Unknown
 
-    def call_dtypes(self, value: Value, context: _Context) -> list[DtypeFact]:
+    def call_dtypes(self, value: Value, context: Context) -> list[DtypeFact]:
         """A call in a project value: a function of the project, or ``get_default_dtype()``."""
         callee = self.target(value[1], context)
         if isinstance(callee, External) and callee.name == "torch.get_default_dtype":
@@ -299,18 +289,18 @@ class _Evaluation:
 
             found = default_dtype(self.prov, {})
             if found is None:
-                raise _Unknown
+                raise Unknown
             return [self.fact(f.dtype, context.origins) for f in found]
         function, inner = self.called(callee, value[2], value[3], context)
         return self.dtypes(function, inner)
 
     def called(
         self,
-        callee: Target | _There | _Here,
+        callee: Target | There | Here,
         args: list[Any],
         keywords: list[Any],
-        context: _Context | None,
-    ) -> tuple[Value, _Context]:
+        context: Context | None,
+    ) -> tuple[Value, Context]:
         """The result value of a project function or lambda, with its parameters bound."""
         if isinstance(callee, Found) and callee.definition[0] == "function":
             params, result = callee.definition[2], callee.definition[3]
@@ -318,30 +308,30 @@ class _Evaluation:
         elif isinstance(callee, Found) and callee.definition[0] == "value":
             lambda_ = callee.definition[2]
             if lambda_[0] != "lambda":
-                raise _Unknown
+                raise Unknown
             params, result = lambda_[1], lambda_[2]
             module, origins = callee.module, callee.origins
         else:
-            raise _Unknown
+            raise Unknown
         if result[0] == "unknown":
-            raise _Unknown
-        definitions = _Context(module, origins=origins)
+            raise Unknown
+        definitions = Context(module, origins=origins)
         bound = _bind(params, args, keywords, definitions, context)
-        return result, _Context(module, bound, origins=origins)
+        return result, Context(module, bound, origins=origins)
 
     def fact(self, dtype: str | None, origins: tuple[Origin, ...]) -> DtypeFact:
-        return DtypeFact(dtype, self.node, origin=_describe(origins))
+        return DtypeFact(dtype, self.node, origin=describe_origins(origins))
 
 
 def _known(target: Target) -> Target:
     if target is None:
-        raise _Unknown
+        raise Unknown
     return target
 
 
-def _bound(value: Any, context: _Context) -> Value:
+def _bound(value: Any, context: Context) -> Value:
     """A table entry: already wrapped with its context, or a bare value."""
-    if isinstance(value, _There):
+    if isinstance(value, There):
         return ["__there__", value]
     return value  # type: ignore[no-any-return]
 
@@ -350,9 +340,9 @@ def _bind(
     params: list[Any],
     args: list[Any],
     keywords: list[Any],
-    definitions: _Context,
-    caller: _Context | None,
-) -> dict[str, _Here | _There]:
+    definitions: Context,
+    caller: Context | None,
+) -> dict[str, Here | There]:
     """Parameters -> what the call passes (written here or in a project module) or defaults."""
     if any(kind in {"star", "starstar"} for _, kind, _ in params):
         if args and any(kind == "star" for _, kind, _ in params):
@@ -361,15 +351,15 @@ def _bind(
                 args = args[: len(positional)]  # extra positionals go to *args: not read
         named = {str(p[0]) for p in params}
         if any(keyword not in named for keyword, _ in keywords):
-            raise _Unknown
+            raise Unknown
     positional = [p for p in params if p[1] == "pos"]
     if len(args) > len(positional):
-        raise _Unknown
-    bound: dict[str, _Here | _There] = {}
+        raise Unknown
+    bound: dict[str, Here | There] = {}
     passed: dict[str, Any] = {str(p[0]): a for p, a in zip(positional, args, strict=False)}
     for keyword, argument in keywords:
         if keyword in passed:
-            raise _Unknown
+            raise Unknown
         passed[str(keyword)] = argument
     for name, kind, default in params:
         if kind in {"star", "starstar"}:
@@ -379,14 +369,14 @@ def _bind(
             bound[str(name)] = argument[1]
         elif argument is not None:
             if caller is None:
-                raise _Unknown
-            bound[str(name)] = _There(argument, caller)
+                raise Unknown
+            bound[str(name)] = There(argument, caller)
         elif default is not None:
-            bound[str(name)] = _There(default, definitions)
+            bound[str(name)] = There(default, definitions)
     return bound
 
 
-def _describe(origins: tuple[Origin, ...]) -> str:
+def describe_origins(origins: tuple[Origin, ...]) -> str:
     """``from `CACHE_DTYPE` at pkg/cfg.py:3, defined as `WIRE_DTYPE` at pkg/policy.py:4``: the
     name the module imported, and the definition the chain ends at."""
     if not origins:
@@ -407,13 +397,13 @@ def dtype_facts(
     """The dtypes ``expr`` denotes through the project index; None when it does not say."""
     if prov.project is None:
         return None
-    evaluation = _Evaluation(prov, expr)
+    evaluation = Evaluation(prov, expr)
     try:
-        value = _expression(prov, expr, site, env)
+        value = as_value(prov, expr, site, env)
         if value is None:
             return None
-        facts = evaluation.dtypes(value, _Context(prov.project.module))
-    except _Unknown:
+        facts = evaluation.dtypes(value, Context(prov.project.module))
+    except Unknown:
         return None
     return tuple(facts) or None
 
@@ -422,18 +412,18 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
     """The string an imported constant holds (``GATE_KEY = "g_cache"`` in another module)."""
     if prov.project is None:
         return None
-    evaluation = _Evaluation(prov, expr)
+    evaluation = Evaluation(prov, expr)
     try:
-        value = _expression(prov, expr, site, {})
+        value = as_value(prov, expr, site, {})
         if value is None:
             return None
-        text = evaluation.string(value, _Context(prov.project.module))
-    except _Unknown:
+        text = evaluation.string(value, Context(prov.project.module))
+    except Unknown:
         return None
     return text if isinstance(text, str) else None
 
 
-def _expression(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
+def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
     """``expr`` of the module under analysis as a summary value over its imports: imported
     names and attributes of them, calls of them and subscripts of them; None otherwise."""
     if isinstance(expr, (cst.Name, cst.Attribute)):
@@ -448,22 +438,22 @@ def _expression(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
                 return ["attr", base, expr.attr.value]
         return None
     if isinstance(expr, cst.Call):
-        callee = _expression(prov, expr.func, site, env)
+        callee = as_value(prov, expr.func, site, env)
         if callee is None or any(arg.star for arg in expr.args):
             return None
-        args = [["__here__", _Here(a.value, site, env)] for a in positional_args(expr)]
+        args = [["__here__", Here(a.value, site, env)] for a in positional_args(expr)]
         keywords = [
-            [a.keyword.value, ["__here__", _Here(a.value, site, env)]]
+            [a.keyword.value, ["__here__", Here(a.value, site, env)]]
             for a in expr.args
             if a.keyword is not None
         ]
         return ["call", callee, args, keywords]
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
         index = expr.slice[0].slice
-        table = _expression(prov, expr.value, site, env)
+        table = as_value(prov, expr.value, site, env)
         if table is None or not isinstance(index, cst.Index):
             return None
-        return ["item", table, ["__here__", _Here(index.value, site, env)]]
+        return ["item", table, ["__here__", Here(index.value, site, env)]]
     return None
 
 
@@ -471,7 +461,7 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
     """An instance of a project class: ``CacheConfig()``, or a local or parameter annotated
     with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``)."""
     if isinstance(expr, cst.Call):
-        return _expression(prov, expr, site, env)
+        return as_value(prov, expr, site, env)
     if not isinstance(expr, cst.Name):
         return None
     found = prov.lookup(expr.value, site, env)
@@ -479,12 +469,12 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
         return None
     binding, binding_site = found[0]
     if binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        made = _expression(prov, binding.value, binding_site, env)
+        made = as_value(prov, binding.value, binding_site, env)
         return None if made is None else ["__bound__", made]
     node = binding.node
     if binding.kind == "param" and isinstance(node, cst.Param) and node.annotation is not None:
         annotation = node.annotation.annotation
-        cls = _expression(prov, annotation, binding_site, env)
+        cls = as_value(prov, annotation, binding_site, env)
         return None if cls is None else ["__instance__", cls]
     return None
 
@@ -493,133 +483,3 @@ def _imported_here(prov: Provenance, expr: cst.Name, site: Site, env: Env) -> bo
     """Whether ``expr`` reads an import (not a local that shadows it)."""
     found = prov.lookup(expr.value, site, env)
     return bool(found) and all(binding.kind == "import" for binding, _ in found)  # type: ignore[union-attr]
-
-
-def tensor_facts(
-    prov: Provenance, call: cst.Call, site: Site, env: Env
-) -> tuple[TensorFact, ...] | None:
-    """What a call of a project's allocation helper, partial or lambda makes; None when the
-    index does not say."""
-    if prov.project is None:
-        return None
-    evaluation = _Evaluation(prov, call)
-    context = _Context(prov.project.module)
-    try:
-        value = _expression(prov, call, site, env)
-        if value is None:
-            return None
-        callee = evaluation.target(value[1], context)
-        if not isinstance(callee, Found):
-            return None
-        return (_allocation(evaluation, callee, value, context, call, site, env),)
-    except _Unknown:
-        return None
-
-
-def _allocation(
-    evaluation: _Evaluation,
-    callee: Found,
-    value: Value,
-    context: _Context,
-    call: cst.Call,
-    site: Site,
-    env: Env,
-) -> TensorFact:
-    prov = evaluation.prov
-    definition = callee.definition
-    made = definition[2] if definition[0] == "value" else None
-    if made is not None and made[0] == "call":  # `alloc = functools.partial(torch.zeros, ...)`
-        maker = evaluation.target(made[1], _Context(callee.module))
-        if not (isinstance(maker, External) and maker.name in PARTIALS) or not made[2]:
-            raise _Unknown
-        _factory(evaluation, made[2][0], _Context(callee.module))
-        own = keyword_arg(call, "dtype")
-        if own is not None:  # the call's own dtype wins
-            facts = prov.dtype_facts(own.value, site, env)
-            return _decided(facts, own.value, SetDtype(own.value), here=True)
-        dtype = dict((str(k), v) for k, v in made[3]).get("dtype")
-        if dtype is None:
-            return _inherited(prov, call, site, env, AddDtypeArgument(call), callee.origins)
-        facts = tuple(evaluation.dtypes(dtype, _Context(callee.module, origins=callee.origins)))
-        return _decided(facts, call, AddDtypeArgument(call), here=False)
-    result, inner = evaluation.called(callee, value[2], value[3], context)
-    if result[0] != "call":
-        raise _Unknown
-    factory = _factory(evaluation, result[1], inner)
-    dtype = dict((str(k), v) for k, v in result[3]).get("dtype")
-    if dtype is None and factory in POSITIONAL_DTYPE and len(result[2]) > POSITIONAL_DTYPE[factory]:
-        dtype = result[2][POSITIONAL_DTYPE[factory]]
-    if dtype is None:
-        return _inherited(prov, call, site, env, CastValue(call), callee.origins)
-    if dtype[0] == "param":
-        bound = inner.params.get(str(dtype[1]))
-        if isinstance(bound, _Here):  # the caller's own argument decides
-            facts = prov.dtype_facts(bound.expr, bound.site, bound.env)
-            once = _occurrences(result, str(dtype[1])) == 1
-            return _decided(facts, bound.expr, SetDtype(bound.expr) if once else None, here=True)
-        if bound is not None and dtype[1] == "dtype" and _keyword_parameter(callee, "dtype"):
-            facts = tuple(evaluation.dtypes(dtype, inner))
-            return _decided(facts, call, AddDtypeArgument(call), here=False)
-    facts = tuple(evaluation.dtypes(dtype, inner))
-    return _decided(facts, call, CastValue(call), here=False)
-
-
-def _factory(evaluation: _Evaluation, value: Value, context: _Context) -> str:
-    """The torch factory a project value names (``torch.zeros``), or :class:`_Unknown`."""
-    target = evaluation.target(value, context)
-    if not (isinstance(target, External) and target.name in TORCH_FACTORIES):
-        raise _Unknown
-    return target.name
-
-
-def _decided(
-    facts: tuple[DtypeFact, ...],
-    node: cst.BaseExpression,
-    target: Float32Target | None,
-    *,
-    here: bool,
-) -> TensorFact:
-    """The fact of an allocation whose dtype is one of ``facts``: a dtype written in the module
-    under analysis (``here``) may stay unknown (RL002's question); one read from the project
-    must be certain."""
-    if facts and all(f.is_float32 for f in facts):
-        return TensorFact(Kind.FLOAT32, node, dtypes=facts)
-    if all_not_floating(facts):
-        return TensorFact(Kind.NOT_FLOATING, node, dtypes=facts)
-    if not facts or (not here and any(f.dtype is None for f in facts)):
-        raise _Unknown
-    explicit = any(f.dtype not in {None, FLOAT32} for f in facts)
-    kind = Kind.EXPLICIT if explicit else Kind.VARIABLE
-    return TensorFact(kind, node, dtypes=facts, target=target)
-
-
-def _inherited(
-    prov: Provenance,
-    call: cst.Call,
-    site: Site,
-    env: Env,
-    target: Float32Target,
-    origins: tuple[Origin, ...] = (),
-) -> TensorFact:
-    from replaylint.lint.dataflow.defaults import default_dtype_detail
-
-    detail = default_dtype_detail(prov, site, env)
-    if origins:
-        detail = f"made by {_describe(origins)[5:]} without a dtype, so it has {detail}"
-    return TensorFact(Kind.INHERITED, call, call=call, detail=detail, target=target)
-
-
-def _occurrences(value: object, param: str) -> int:
-    """How often ``["param", param]`` is read in a summary value."""
-    if isinstance(value, list):
-        if len(value) == 2 and value[0] == "param" and value[1] == param:
-            return 1
-        return sum(_occurrences(item, param) for item in value)
-    return 0
-
-
-def _keyword_parameter(callee: Found, name: str) -> bool:
-    """Whether the function or lambda takes ``name`` by keyword (``dtype=`` can be added)."""
-    definition = callee.definition
-    params = definition[2] if definition[0] == "function" else definition[2][1]
-    return any(p[0] == name and p[1] in {"pos", "kw"} for p in params)

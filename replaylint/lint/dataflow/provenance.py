@@ -34,6 +34,7 @@ from replaylint.lint.dataflow import (
     containers,
     defaults,
     imported,
+    imported_calls,
     loads,
     members,
     operators,
@@ -380,7 +381,7 @@ class Provenance:
         if computed is None:
             computed = callables.callable_facts(self, call, site, env)
         if computed is None and self.project is not None:
-            computed = imported.tensor_facts(self, call, site, env)
+            computed = imported_calls.tensor_facts(self, call, site, env)
         if computed is not None:
             yield from computed
             return
