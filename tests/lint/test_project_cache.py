@@ -3,6 +3,7 @@ it, and the result cache follows the modules each file's results were computed f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -122,3 +123,18 @@ def test_the_fix_changes_only_the_importer(cli: RunCli, package: Path) -> None:
     fixed = (package / "pool.py").read_text(encoding="utf-8")
     assert "dtype=torch.float32)" in fixed
     assert fixed.replace("dtype=torch.float32)", "dtype=GATE_RING_DTYPE)") == POOL
+
+
+def test_a_stored_summary_of_another_shape_is_not_trusted(
+    cli: RunCli, project: Path, package: Path, analysed: list[str]
+) -> None:
+    assert cli("--jobs", "1", ".").returncode == 0
+    [store] = (project / ".replaylint_cache").glob("results-*.json")
+    data = json.loads(store.read_text(encoding="utf-8"))
+    assert data["summaries"], "the policy module's summary is kept"
+    data["summaries"] = {key: 42 for key in data["summaries"]}
+    store.write_text(json.dumps(data), encoding="utf-8")
+    _write(package / "pool.py", POOL + "\n")  # analysed again, with the stored summaries
+    analysed.clear()
+    assert cli("--jobs", "1", ".").returncode == 0
+    assert analysed == ["pool.py"]

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 _MAX_STEPS = 64  # evaluation steps per question: summaries are small, chains are short
+MALFORMED = (IndexError, KeyError, TypeError, ValueError, AttributeError)
+"""What reading a summary of an unexpected shape raises: no answer, never a crash."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,6 @@ class Evaluation:
     node: cst.BaseExpression
     """The expression of the module under analysis that the facts are about."""
     steps: int = 0
-    used_params: set[str] = field(default_factory=set)
 
     def step(self) -> None:
         self.steps += 1
@@ -106,7 +107,6 @@ class Evaluation:
             bound = context.params.get(str(value[1]))
             if bound is None:
                 raise Unknown
-            self.used_params.add(str(value[1]))
             return bound
         if kind in {"self", "call", "__instance__", "__bound__", "__member__"}:
             return There(value, context)
@@ -403,7 +403,7 @@ def dtype_facts(
         if value is None:
             return None
         facts = evaluation.dtypes(value, Context(prov.project.module))
-    except Unknown:
+    except (Unknown, *MALFORMED):
         return None
     return tuple(facts) or None
 
@@ -418,7 +418,7 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
         if value is None:
             return None
         text = evaluation.string(value, Context(prov.project.module))
-    except Unknown:
+    except (Unknown, *MALFORMED):
         return None
     return text if isinstance(text, str) else None
 

@@ -25,6 +25,7 @@ from replaylint.lint.dataflow.facts import (
     all_not_floating,
 )
 from replaylint.lint.dataflow.imported import (
+    MALFORMED,
     Context,
     Evaluation,
     Here,
@@ -60,7 +61,7 @@ def tensor_facts(
         if not isinstance(callee, Found):
             return None
         return (_allocation(evaluation, callee, value, context, call, site, env),)
-    except Unknown:
+    except (Unknown, *MALFORMED):
         return None
 
 

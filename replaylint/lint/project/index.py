@@ -17,8 +17,6 @@ an analysis depend on exactly those files, and the result cache keys them on the
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -105,11 +103,6 @@ def module_names(paths: Iterable[str]) -> dict[str, str]:
     for name in ambiguous:
         del found[name]
     return found
-
-
-def summary_digest(summary: Summary | None) -> str:
-    text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
-    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 @dataclass

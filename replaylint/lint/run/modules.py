@@ -63,7 +63,7 @@ class RunModules:
         known = self.digests.get(os.path.abspath(path), "")
         if known and self._cache is not None:
             found, summary = self._cache.summary(known)
-            if found:
+            if found and (summary is None or _well_formed(summary)):
                 return summary, known
         try:
             with open(path, "rb") as handle:
@@ -92,3 +92,13 @@ class RunModules:
             if current != recorded:
                 return False
         return True
+
+
+def _well_formed(summary: object) -> bool:
+    """Whether a stored summary has the shape :mod:`replaylint.lint.project.summaries` writes."""
+    return (
+        isinstance(summary, dict)
+        and isinstance(summary.get("names"), dict)
+        and isinstance(summary.get("assigned"), list)
+        and isinstance(summary.get("imports"), list)
+    )
