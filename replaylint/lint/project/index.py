@@ -74,26 +74,28 @@ Target = Found | External | ModuleRef | None
 
 def module_names(paths: Iterable[str]) -> dict[str, str]:
     """Module name -> path for every Python file of ``paths``; names two files share dropped."""
-    has_init: dict[str, bool] = {}
+    packages: dict[str, tuple[str, ...]] = {}
 
-    def is_package(folder: str) -> bool:
-        known = has_init.get(folder)
+    def package_of(folder: str) -> tuple[str, ...]:
+        """The package a folder is (``("pkg", "sub")``), or ``()`` when it has no ``__init__``."""
+        known = packages.get(folder)
         if known is None:
-            known = has_init[folder] = os.path.isfile(os.path.join(folder, "__init__.py"))
+            parent, name = os.path.split(folder)
+            is_package = bool(name) and os.path.isfile(os.path.join(folder, "__init__.py"))
+            known = packages[folder] = (*package_of(parent), name) if is_package else ()
         return known
 
+    absolute: dict[str, str] = {}
     found: dict[str, str] = {}
     ambiguous: set[str] = set()
     for path in paths:
         if not path.endswith(".py"):
             continue
-        folder, file = os.path.split(os.path.abspath(path))
-        parts = [] if file == "__init__.py" else [file[:-3]]
-        while is_package(folder):
-            folder, package = os.path.split(folder)
-            parts.insert(0, package)
-            if not package:
-                break
+        folder, file = os.path.split(path)
+        where = absolute.get(folder)
+        if where is None:
+            where = absolute[folder] = os.path.abspath(folder or ".")
+        parts = package_of(where) + (() if file == "__init__.py" else (file[:-3],))
         if not parts or not all(part.isidentifier() for part in parts):
             continue
         name = ".".join(parts)
@@ -116,12 +118,18 @@ class ProjectIndex:
     _by_path: dict[str, str] = field(default_factory=dict)
     _used: dict[str, str] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self._by_path = {os.path.abspath(path): name for name, path in self.modules.items()}
-
     def module_of(self, path: str) -> str | None:
         """The module name of the file at ``path``, when it is one of the project's."""
-        return self._by_path.get(os.path.abspath(path))
+        absolute = os.path.abspath(path)
+        known = self._by_path.get(absolute)
+        if known is None:
+            names = module_names([absolute])  # the same name the project's listing gives it
+            name = next(iter(names), "")
+            listed = self.modules.get(name)
+            known = self._by_path[absolute] = (
+                name if listed is not None and os.path.abspath(listed) == absolute else ""
+            )
+        return known or None
 
     def is_package(self, module: str) -> bool:
         return os.path.basename(self.modules.get(module, "")) == "__init__.py"
