@@ -27,22 +27,6 @@ FLOAT32_POLICY = "import torch\n\nGATE_RING_DTYPE = torch.float32\n"
 BF16_POLICY = "import torch\n\nGATE_RING_DTYPE = torch.bfloat16\n"
 
 
-@pytest.fixture
-def analysed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the files the engine really analyses during a test."""
-    from replaylint.lint.run import one_file as runner
-
-    seen: list[str] = []
-    original = runner.lint_text
-
-    def spy(linter, text, filename, mode, *, unsafe=False):  # type: ignore[no-untyped-def]
-        seen.append(Path(filename).name)
-        return original(linter, text, filename, mode, unsafe=unsafe)
-
-    monkeypatch.setattr(runner, "lint_text", spy)
-    return seen
-
-
 def _write(path: Path, text: str) -> None:
     """Write ``text`` with a modification time no earlier write had (the cache compares them)."""
     before = path.stat().st_mtime_ns if path.exists() else 0

@@ -22,7 +22,7 @@ from replaylint.lint.dataflow.facts import (
     Kind,
     SetDtype,
     TensorFact,
-    all_not_floating,
+    decided,
 )
 from replaylint.lint.dataflow.imported import (
     MALFORMED,
@@ -34,7 +34,7 @@ from replaylint.lint.dataflow.imported import (
     describe_origins,
 )
 from replaylint.lint.dataflow.strings import Env
-from replaylint.lint.dataflow.torch_api import FLOAT32, PARTIALS, POSITIONAL_DTYPE, TORCH_FACTORIES
+from replaylint.lint.dataflow.torch_api import PARTIALS, POSITIONAL_DTYPE, TORCH_FACTORIES
 from replaylint.lint.project.index import External, Found, Origin
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.nodes import keyword_arg
@@ -131,15 +131,13 @@ def _decided(
     """The fact of an allocation whose dtype is one of ``facts``: a dtype written in the module
     under analysis (``here``) may stay unknown (RL002's question); one read from the project
     must be certain."""
-    if facts and all(f.is_float32 for f in facts):
-        return TensorFact(Kind.FLOAT32, node, dtypes=facts)
-    if all_not_floating(facts):
-        return TensorFact(Kind.NOT_FLOATING, node, dtypes=facts)
-    if not facts or (not here and any(f.dtype is None for f in facts)):
+    if not facts:
         raise Unknown
-    explicit = any(f.dtype not in {None, FLOAT32} for f in facts)
-    kind = Kind.EXPLICIT if explicit else Kind.VARIABLE
-    return TensorFact(kind, node, dtypes=facts, target=target)
+    fact = decided(facts, node, target)
+    uncertain = any(f.dtype is None for f in facts)
+    if uncertain and not here and fact.kind in {Kind.EXPLICIT, Kind.VARIABLE}:
+        raise Unknown
+    return fact
 
 
 def _inherited(

@@ -52,7 +52,7 @@ from replaylint.lint.dataflow.facts import (
     OverrideKwargsDtype,
     SetDtype,
     TensorFact,
-    all_not_floating,
+    decided,
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
@@ -161,7 +161,8 @@ class Provenance:
         bound = bound_in(env, expr)
         if bound is not None:  # a loop variable: what it holds in this iteration
             return self.dtype_facts(bound.expr, bound.site, bound.env(env))
-        if self.project is not None:  # a name imported from another module of the project
+        if self.project is not None and not isinstance(expr, cst.Name):
+            # an attribute, call or subscript of a name imported from the project
             from_project = imported.dtype_facts(self, expr, site, env)
             if from_project is not None:
                 return from_project
@@ -179,6 +180,10 @@ class Provenance:
             found = self.lookup(expr.value, site, env)
             if not found:
                 return (DtypeFact(None, expr),)
+            if self.project is not None and all(b.kind == "import" for b, _ in found):
+                from_project = imported.dtype_facts(self, expr, site, env)
+                if from_project is not None:  # a name imported from another module of the project
+                    return from_project
             facts: list[DtypeFact] = []
             for binding, binding_site in found:
                 if binding.kind == "param":
@@ -547,14 +552,7 @@ class Provenance:
         target: Float32Target | None = SetDtype(node)
         if via_kwargs is not None:
             target = OverrideKwargsDtype(node) if overridable else None
-        if all(f.is_float32 for f in facts):
-            return TensorFact(Kind.FLOAT32, node, allocation=allocation, dtypes=facts)
-        if all_not_floating(facts):
-            return TensorFact(Kind.NOT_FLOATING, node, allocation=allocation, dtypes=facts)
-        kind = (
-            Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
-        )
-        return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+        return decided(facts, node, target, allocation)
 
     def is_mapping(self, name: str) -> bool:
         """Whether the module uses the gate-cache name ``name`` as a mapping (not a tensor)."""

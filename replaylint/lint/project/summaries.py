@@ -111,21 +111,13 @@ class _Summariser:
             if statement.value is not None:
                 value = _Values(self, {}).value(statement.value)
                 self._define(statement.target.id, ["value", line, value])
-        elif isinstance(statement, ast.Import):
-            for alias in statement.names:
-                if alias.asname is not None:
-                    self._define(alias.asname, ["value", line, ["module", alias.name]])
-                else:
-                    head = alias.name.partition(".")[0]
-                    self._define(head, ["value", line, ["module", head]])
-        elif isinstance(statement, ast.ImportFrom):
-            spec = _module_spec(statement)
-            for alias in statement.names:
-                if alias.name == "*":
-                    self.dynamic = True  # any name may be rebound by what it brings
-                    continue
-                local = alias.asname or alias.name
-                self._define(local, ["value", line, ["ref", spec, alias.name]])
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            if isinstance(statement, ast.ImportFrom) and any(
+                a.name == "*" for a in statement.names
+            ):
+                self.dynamic = True  # any name may be rebound by what a star import brings
+            for name, value in _imported(statement):
+                self._define(name, ["value", line, value])
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._define(statement.name, self._function(statement))
         elif isinstance(statement, ast.ClassDef):
