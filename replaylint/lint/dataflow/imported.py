@@ -130,8 +130,8 @@ class Evaluation:
                 if value[1][0] in {"call", "__instance__", "__bound__"}:
                     return There(value, context)  # an attribute of an instance
                 raise Unknown
-            return _known(view.index.attribute(base, str(value[2]), view.allowed, context.origins))
-        target = view.index.value_target(context.module, value, view.allowed, context.origins, 0)
+            return _known(view.index.attribute(base, str(value[2]), context.origins))
+        target = view.index.value_target(context.module, value, context.origins, 0)
         if target is None and kind in {"name", "ref", "module"}:
             raise Unknown
         return target if target is not None else There(value, context)

@@ -163,7 +163,7 @@ class ProjectIndex:
         rest = spec[level:]
         return ".".join([*base, rest] if rest else base) or None
 
-    def resolve(self, importer: str, dotted: str, allowed: frozenset[str] | None = None) -> Target:
+    def resolve(self, importer: str, dotted: str) -> Target:
         """What ``dotted`` (as the importer wrote it, through its imports) denotes."""
         head = dotted.lstrip(".")
         dots = dotted[: len(dotted) - len(head)]
@@ -177,7 +177,7 @@ class ProjectIndex:
                     return None  # the package binds the name too: which one wins depends on order
                 target: Target = ModuleRef(module)
                 for attribute in parts[cut:]:
-                    target = self.attribute(target, attribute, allowed, ())
+                    target = self.attribute(target, attribute, ())
                 return target
         if dots:
             return None
@@ -187,7 +187,6 @@ class ProjectIndex:
         self,
         target: Target,
         name: str,
-        allowed: frozenset[str] | None,
         origins: tuple[Origin, ...],
         depth: int = 0,
     ) -> Target:
@@ -197,11 +196,11 @@ class ProjectIndex:
         if not isinstance(target, ModuleRef):
             return None
         submodule = f"{target.module}.{name}"
-        if submodule in self.modules and self.summary_allowed(submodule, allowed):
+        if submodule in self.modules:
             if self._shadowed(submodule):
                 return None  # the package binds the name too: which one wins depends on order
             return ModuleRef(submodule)
-        return self.lookup(target.module, name, allowed, origins, depth)
+        return self.lookup(target.module, name, origins, depth)
 
     def _shadowed(self, module: str) -> bool:
         """Whether ``module``'s package binds its name to something else than the submodule
@@ -216,19 +215,15 @@ class ProjectIndex:
             return self.absolute(package, str(value[1])) != package  # `from . import policy`
         return not (value is not None and value[0] == "module" and value[1] == module)
 
-    def summary_allowed(self, module: str, allowed: frozenset[str] | None) -> bool:
-        return allowed is None or module in allowed
-
     def lookup(
         self,
         module: str,
         name: str,
-        allowed: frozenset[str] | None,
         origins: tuple[Origin, ...] = (),
         depth: int = 0,
     ) -> Target:
         """The top-level ``name`` of ``module``, aliases and imports followed."""
-        if depth > MAX_CHAIN or not self.summary_allowed(module, allowed):
+        if depth > MAX_CHAIN:
             return None
         summary = self.summary(module)
         if summary is None:
@@ -246,7 +241,7 @@ class ProjectIndex:
         if value[0] in {"ref", "module", "name", "attr"}:
             # `import torch` is no origin worth naming; `WIRE = torch.bfloat16` is
             through = origins if value[0] == "module" else here
-            target = self.value_target(module, value, allowed, through, depth + 1)
+            target = self.value_target(module, value, through, depth + 1)
             if target is not None or value[0] != "attr":
                 return target  # an import or alias that leads nowhere (or in a cycle): nothing
         return Found(module, name, definition, here)
@@ -255,7 +250,6 @@ class ProjectIndex:
         self,
         module: str,
         value: Value,
-        allowed: frozenset[str] | None,
         origins: tuple[Origin, ...],
         depth: int,
     ) -> Target:
@@ -264,7 +258,7 @@ class ProjectIndex:
             return None
         kind = value[0]
         if kind == "name":
-            return self.lookup(module, str(value[1]), allowed, origins, depth)
+            return self.lookup(module, str(value[1]), origins, depth)
         if kind == "module":
             spec = str(value[1])
             return ModuleRef(spec) if spec in self.modules else External(spec, origins)
@@ -274,13 +268,13 @@ class ProjectIndex:
             if absolute is None:
                 return None
             if absolute in self.modules:
-                return self.attribute(ModuleRef(absolute), name, allowed, origins, depth)
+                return self.attribute(ModuleRef(absolute), name, origins, depth)
             if spec.startswith("."):
                 return None  # a relative module the project does not have
             return External(f"{absolute}.{name}", origins)
         if kind == "attr":
-            base = self.value_target(module, value[1], allowed, origins, depth + 1)
-            return self.attribute(base, str(value[2]), allowed, origins, depth)
+            base = self.value_target(module, value[1], origins, depth + 1)
+            return self.attribute(base, str(value[2]), origins, depth)
         return None
 
     def take_used(self) -> tuple[tuple[str, str], ...]:
@@ -297,8 +291,6 @@ class ProjectView:
 
     index: ProjectIndex
     module: str
-    allowed: frozenset[str] | None = None
-    """The modules it may read; None: every module of the project."""
 
     @classmethod
     def of(cls, index: ProjectIndex, path: str) -> ProjectView | None:
@@ -306,4 +298,4 @@ class ProjectView:
         return None if module is None else cls(index, module)
 
     def resolve(self, dotted: str) -> Target:
-        return self.index.resolve(self.module, dotted, self.allowed)
+        return self.index.resolve(self.module, dotted)
