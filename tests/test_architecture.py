@@ -32,11 +32,12 @@ LAYERS: dict[str, set[str]] = {
     "model": set(),
     "catalogue": set(),
     "syntax": {"model"},
+    "project": set(),
     "gatecache": {"model", "syntax"},
     "config": {"model", "gatecache", "catalogue"},
-    "dataflow": {"model", "syntax", "gatecache"},
+    "dataflow": {"model", "syntax", "gatecache", "project"},
     "fixes": {"model", "syntax", "dataflow"},
-    "context": {"model", "syntax", "gatecache", "dataflow", "fixes"},
+    "context": {"model", "syntax", "gatecache", "dataflow", "fixes", "project"},
     "rules": {"model", "syntax", "gatecache", "dataflow", "fixes", "context", "catalogue"},
     "engine": {
         "model",
@@ -48,8 +49,9 @@ LAYERS: dict[str, set[str]] = {
         "context",
         "rules",
         "catalogue",
+        "project",
     },
-    "run": {"model", "gatecache", "config", "catalogue", "engine"},
+    "run": {"model", "gatecache", "config", "catalogue", "engine", "project"},
     "report": {"model", "catalogue"},
 }
 # Deliberate exceptions, each with its reason.

@@ -20,6 +20,7 @@ from replaylint.lint.fixes.drafts import FindingDraft, FixDraft
 from replaylint.lint.fixes.float32 import Float32Spelling
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.project.index import ProjectView
 from replaylint.lint.syntax.positions import NodePositions
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
@@ -41,6 +42,8 @@ class FileContext:
     """The text ``module`` was parsed from: lets positions be found without rendering it all."""
     site: Callable[[], Site] = _module_site
     """Where the traversal is now (set by the binding walker that drives it)."""
+    project: ProjectView | None = None
+    """The file's view of its project (names imported from other modules), when a run has one."""
     index: ModuleIndex = field(init=False)
     positions: NodePositions = field(init=False)
     """Spans and statement rows of nodes, computed only for the nodes that ask."""
@@ -56,7 +59,7 @@ class FileContext:
     def provenance(self) -> Provenance:
         """The file's dtype analysis, built on first use and shared by every rule."""
         if self._provenance is None:
-            self._provenance = Provenance(self.index)
+            self._provenance = Provenance(self.index, self.project)
         return self._provenance
 
     def add_finding(self, code: str, node: cst.CSTNode, message: str, fix: FixDraft | None) -> None:

@@ -23,6 +23,7 @@ from replaylint.lint.gatecache.learning import learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.model import Finding, SourceError
+from replaylint.lint.project.index import ProjectIndex, ProjectView
 from replaylint.lint.rules.base import Rule
 from replaylint.lint.rules.catalogue import RULE_NAMES
 from replaylint.lint.rules.registry import ALL_RULES
@@ -41,8 +42,11 @@ class Linter:
         gate_caches: GateCacheNames | None = None,
         *,
         prefilter: bool = True,
+        project: ProjectIndex | None = None,
     ) -> None:
         self.settings = settings or Settings()
+        self.project = project
+        """The project's modules: names imported from them resolve to their definitions."""
         self.rules = tuple(rule for rule in rules if self.settings.is_enabled(rule.CODE))
         self.prefilter = prefilter
         self.gate_caches = gate_caches or GateCacheNames(self.settings.gate_cache_patterns)
@@ -81,8 +85,14 @@ class Linter:
         if not rules or (self.prefilter and not self.relevance.may_hold_finding(source)):
             return []
         module = parse(source)
+        view = ProjectView.of(self.project, filename) if self.project is not None else None
         context = FileContext(
-            filename, module, self.gate_caches, self.settings.entry_points, source=source
+            filename,
+            module,
+            self.gate_caches,
+            self.settings.entry_points,
+            source=source,
+            project=view,
         )
         checkers = [rule(context) for rule in rules]
         walker = BindingWalker(

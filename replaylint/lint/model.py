@@ -126,6 +126,9 @@ class FileReport:
     changed: bool = False
     unsafe_fixes: bool = False
     """Whether unsafe fixes were enabled: only then does an unsafe fix make a finding fixable."""
+    dependencies: tuple[tuple[str, str], ...] = ()
+    """(absolute path, content digest) of the other modules of the project whose summaries the
+    analysis read: the findings hold while those files are unchanged."""
 
     def fixable(self, finding: Finding) -> bool:
         """Would ``--fix`` (with this run's ``--unsafe-fixes`` setting) fix ``finding``?"""

@@ -4,7 +4,10 @@ A file's project is the folder of its nearest configuration file (``replaylint.t
 ``pyproject.toml`` with ``[tool.replaylint]``), else the workspace folder that holds it, else the
 file's own folder. Learning reads only the project's files whose bytes contain an entry point's
 literal text (the command line's cheap pre-filter), so it costs little even in a large tree; it
-is redone when a file of the project is saved. No pygls here: this is plain library code.
+is redone when a file of the project is saved. The project's modules are indexed as in a command
+line run (:mod:`replaylint.lint.run.modules`): a dtype imported from another module of the project
+resolves to its definition on disk, and saving a module drops the summaries read so far. No
+pygls here: this is plain library code.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.discovery import discover
 from replaylint.lint.run.files import FileProblem, decode_source
+from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_text
 
 
@@ -29,6 +33,7 @@ class Project:
 
     settings: Settings
     names: GateCacheNames | None = field(default=None, repr=False)
+    modules: RunModules | None = field(default=None, repr=False)
 
     def learned_names(self) -> GateCacheNames:
         if self.names is None:
@@ -40,6 +45,7 @@ class Project:
         base = GateCacheNames(settings.gate_cache_patterns)
         needles = [n.encode() for n in entry_point_needles(settings.entry_points) or ()]
         files, _ = discover([settings.root], settings)
+        self.modules = RunModules([item.path for item in files], dict, None)
         sources = []
         for item in files:
             try:
@@ -60,12 +66,15 @@ class Project:
         """Lint (or fix) an editor buffer: the project's names plus what the buffer teaches."""
         from replaylint.lint.engine import Linter
 
-        linter = Linter(self.settings, gate_caches=self.learned_names())
+        names = self.learned_names()
+        project = self.modules.index if self.modules is not None else None
+        linter = Linter(self.settings, gate_caches=names, project=project)
         linter.learn([(str(path), text)])
         return lint_text(linter, text, str(path), mode)
 
     def forget_names(self) -> None:
         self.names = None
+        self.modules = None
 
 
 class ProjectIndex:

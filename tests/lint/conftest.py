@@ -97,3 +97,19 @@ def run(run_bytes: RunCliBytes) -> RunCli:
         )
 
     return run_text
+
+
+@pytest.fixture
+def analysed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the files the engine really analyses during a test."""
+    from replaylint.lint.run import one_file as runner
+
+    seen: list[str] = []
+    original = runner.lint_text
+
+    def spy(linter, text, filename, mode, *, unsafe=False):  # type: ignore[no-untyped-def]
+        seen.append(Path(filename).name)
+        return original(linter, text, filename, mode, unsafe=unsafe)
+
+    monkeypatch.setattr(runner, "lint_text", spy)
+    return seen

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from replaylint.lint.engine import Linter
+from replaylint.lint.run.modules import RunModules
 
 pytestmark = [
     pytest.mark.slow,
@@ -73,6 +74,24 @@ def test_replayssm_code_gives_no_finding(sglang: Path) -> None:
     linter.learn(texts)
     findings = [finding for name, text in texts for finding in linter.check(text, name)]
     assert findings == []
+
+
+def test_replayssm_code_gives_no_finding_with_the_project_index(
+    sglang: Path, real_trees: types.ModuleType
+) -> None:
+    # as a run over the tree does: names imported from sglang's own modules are resolved
+    modules = RunModules(sorted(sglang.rglob("*.py")), dict, None)
+    files = sorted(
+        path
+        for path in sglang.rglob("*.py")
+        if "replayssm" in path.read_text(encoding="utf-8", errors="replace")
+    )
+    texts = [(str(path), path.read_text(encoding="utf-8")) for path in files]
+    linter = Linter(project=modules.index)
+    linter.learn(texts)
+    findings = [finding for name, text in texts for finding in linter.check(text, name)]
+    assert findings == []
+    assert modules.index.module_of(str(sglang / real_trees.POOL)) is not None
 
 
 def test_a_broken_gate_ring_in_the_real_pool_is_found(

@@ -29,6 +29,9 @@ class DtypeFact:
     """The local binding the dtype came through, if any (``ring_dtype = ...``)."""
     parameter: str | None = None
     """Set when the dtype is a parameter of the function being analysed."""
+    origin: str = ""
+    """Where another module of the project wrote the dtype (``from `WIRE_DTYPE` (pkg/policy.py:4)``),
+    when it came through an import."""
 
     @property
     def is_float32(self) -> bool:
@@ -174,3 +177,20 @@ def definite_dtype(fact: TensorFact) -> str | None:
 def all_not_floating(dtypes: tuple[DtypeFact, ...]) -> bool:
     """Whether every dtype of ``dtypes`` is known and none is floating point."""
     return bool(dtypes) and all(d.dtype in NON_FLOATING_DTYPES for d in dtypes)
+
+
+def decided(
+    dtypes: tuple[DtypeFact, ...],
+    node: cst.CSTNode,
+    target: Float32Target | None,
+    allocation: Allocation | None = None,
+) -> TensorFact:
+    """The fact of an allocation whose dtype is one of ``dtypes``: float32, not floating, or
+    explicit (a literal that is not float32 among them) or variable, with ``target`` as its fix."""
+    if all(f.is_float32 for f in dtypes):
+        return TensorFact(Kind.FLOAT32, node, allocation=allocation, dtypes=dtypes)
+    if all_not_floating(dtypes):
+        return TensorFact(Kind.NOT_FLOATING, node, allocation=allocation, dtypes=dtypes)
+    explicit = any(f.dtype not in {None, FLOAT32} for f in dtypes)
+    kind = Kind.EXPLICIT if explicit else Kind.VARIABLE
+    return TensorFact(kind, node, allocation=allocation, dtypes=dtypes, target=target)

@@ -30,12 +30,14 @@ import libcst as cst
 from replaylint.lint.dataflow import (
     callables,
     callers,
-    casts,
     collisions,
     containers,
     defaults,
+    imported,
+    imported_calls,
     loads,
     members,
+    methods,
     operators,
     records,
     strings,
@@ -44,7 +46,6 @@ from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, m
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
     Allocation,
-    CastMethodToFloat,
     CastValue,
     DtypeFact,
     Float32Target,
@@ -52,7 +53,7 @@ from replaylint.lint.dataflow.facts import (
     OverrideKwargsDtype,
     SetDtype,
     TensorFact,
-    all_not_floating,
+    decided,
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
@@ -60,19 +61,15 @@ from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration, bound_in
 from replaylint.lint.dataflow.torch_api import (
-    CAST_METHODS,
     DTYPE_PRESERVING_ATTRIBUTES,
-    DTYPE_PRESERVING_METHODS,
     DTYPE_PRESERVING_WRAPPERS,
-    FLOAT32,
-    NON_FLOATING_DTYPES,
     SAFETENSORS_DICT_LOADERS,
     TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
+from replaylint.lint.project.index import ProjectView
 from replaylint.lint.syntax.nodes import (
     keyword_arg,
-    method_name,
     one_line,
     positional_args,
     string_key,
@@ -89,6 +86,8 @@ class Provenance:
     """Answers dtype questions about the expressions of one module."""
 
     index: ModuleIndex
+    project: ProjectView | None = None
+    """The module's view of its project: what names imported from other modules denote."""
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: collisions.MappingUses | None = field(default=None)
@@ -159,6 +158,11 @@ class Provenance:
         bound = bound_in(env, expr)
         if bound is not None:  # a loop variable: what it holds in this iteration
             return self.dtype_facts(bound.expr, bound.site, bound.env(env))
+        if self.project is not None and not isinstance(expr, cst.Name):
+            # an attribute, call or subscript of a name imported from the project
+            from_project = imported.dtype_facts(self, expr, site, env)
+            if from_project is not None:
+                return from_project
         if isinstance(expr, cst.IfExp):
             decided = strings.condition(self, expr.test, site, env)
             if decided is True:
@@ -177,6 +181,10 @@ class Provenance:
             found = self.lookup(expr.value, site, env)
             if not found:
                 return (DtypeFact(None, expr),)
+            if self.project is not None and all(b.kind == "import" for b, _ in found):
+                from_project = imported.dtype_facts(self, expr, site, env)
+                if from_project is not None:  # a name imported from another module of the project
+                    return from_project
             facts: list[DtypeFact] = []
             for binding, binding_site in found:
                 if binding.kind == "param":
@@ -189,7 +197,9 @@ class Provenance:
                     facts.append(DtypeFact(None, expr, binding, parameter=binding.name))
                 elif binding.kind == "assign" and binding.value is not None:
                     for fact in self.dtype_facts(binding.value, binding_site, env):
-                        facts.append(DtypeFact(fact.dtype, fact.node, binding, fact.parameter))
+                        facts.append(
+                            DtypeFact(fact.dtype, fact.node, binding, fact.parameter, fact.origin)
+                        )
                 else:
                     facts.append(DtypeFact(None, expr, binding))
             return tuple(facts)
@@ -409,85 +419,12 @@ class Provenance:
         computed = operators.call_facts(self, call, names, receiver, site, env)
         if computed is None:
             computed = callables.callable_facts(self, call, site, env)
+        if computed is None and self.project is not None:
+            computed = imported_calls.tensor_facts(self, call, site, env)
         if computed is not None:
             yield from computed
             return
-        method = method_name(call)
-        if method is None or receiver is None:
-            yield TensorFact(Kind.UNKNOWN, call)
-            return
-        if method in CAST_METHODS:
-            dtype = CAST_METHODS[method]
-            assert isinstance(call.func, cst.Attribute)
-            if dtype == FLOAT32:
-                yield TensorFact(Kind.FLOAT32, call, detail="`.float()`")
-            elif dtype in NON_FLOATING_DTYPES:
-                yield TensorFact(Kind.NOT_FLOATING, call, dtypes=(DtypeFact(dtype, call),))
-            else:
-                yield TensorFact(
-                    Kind.CAST,
-                    call.func.attr,
-                    call=call,
-                    dtypes=(DtypeFact(dtype, call.func.attr),),
-                    detail=f"`.{method}()`",
-                    target=CastMethodToFloat(call.func.attr),
-                )
-            return
-        if method == "to":
-            yield from casts.to_facts(self, call, receiver, site, env)
-            return
-        if method == "view":
-            yield from casts.view_facts(self, call, receiver, site, env)
-            return
-        if method == "type":
-            yield from casts.type_facts(self, call, site, env)
-            return
-        if method == "type_as":
-            args = positional_args(call)
-            if args and self.all_float32(self.tensor_facts(args[0].value, site, env)):
-                yield TensorFact(Kind.FLOAT32, call)
-            else:
-                yield TensorFact(Kind.CAST, call, call=call, detail="`.type_as(...)`")
-            return
-        if method == "clone":
-            for fact in self.tensor_facts(receiver, site, env):
-                if fact.kind is Kind.UNKNOWN:
-                    yield TensorFact(
-                        Kind.INHERITED,
-                        call,
-                        call=call,
-                        detail=f"a clone of `{one_line(self.index.module, receiver)}`",
-                        target=CastValue(call),
-                    )
-                else:
-                    yield fact
-            return
-        if method == "get_tensor":
-            yield TensorFact(
-                Kind.LOADED,
-                call,
-                call=call,
-                detail="`get_tensor(...)` (safetensors)",
-                target=CastValue(call),
-            )
-            return
-        if method in {"get", "pop"} and positional_args(call):  # a mapping's entry
-            if loads.is_loaded(self, receiver, site, env):
-                detail = loads.describe_load(self.index, receiver)
-                yield TensorFact(
-                    Kind.LOADED, call, call=call, detail=detail, target=CastValue(call)
-                )
-                return
-            key = strings.string_value(self, positional_args(call)[0].value, site, env)
-            if key is not None and self.index.gate_caches.matches(key):
-                yield TensorFact(Kind.FLOAT32, call, detail="a gate cache")
-                return
-            yield TensorFact(Kind.UNKNOWN, call)
-            return
-        if method in DTYPE_PRESERVING_METHODS:
-            yield from self.tensor_facts(receiver, site, env)
-            return
-        yield TensorFact(Kind.UNKNOWN, call)
+        yield from methods.method_facts(self, call, receiver, site, env)
 
     def _allocation_facts(
         self, allocation: Allocation, site: Site, env: Env
@@ -571,14 +508,7 @@ class Provenance:
         target: Float32Target | None = SetDtype(node)
         if via_kwargs is not None:
             target = OverrideKwargsDtype(node) if overridable else None
-        if all(f.is_float32 for f in facts):
-            return TensorFact(Kind.FLOAT32, node, allocation=allocation, dtypes=facts)
-        if all_not_floating(facts):
-            return TensorFact(Kind.NOT_FLOATING, node, allocation=allocation, dtypes=facts)
-        kind = (
-            Kind.EXPLICIT if any(f.dtype not in {None, FLOAT32} for f in facts) else Kind.VARIABLE
-        )
-        return TensorFact(kind, node, allocation=allocation, dtypes=facts, target=target)
+        return decided(facts, node, target, allocation)
 
     def passed_dtypes(
         self, binding: Binding, compute: Callable[[], tuple[str, ...] | None]

@@ -74,6 +74,10 @@ def string_value(
         # Looked up without ``env``: pruning branches by conditions would evaluate more
         # strings, and a condition on the name itself would never end.
         found = prov.lookup(expr.value, site)
+        if found and len(found) == 1 and found[0][0].kind == "import" and prov.project is not None:
+            from replaylint.lint.dataflow.imported import string_value as imported_string
+
+            return imported_string(prov, expr, site)
         if found and len(found) == 1 and found[0][0].value is not None:
             binding, binding_site = found[0]
             if binding.kind == "assign" and prov.enter():

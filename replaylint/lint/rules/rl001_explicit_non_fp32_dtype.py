@@ -47,6 +47,23 @@ field order (`KDALayerState(d, k, torch.zeros(...))`), and one element of a tupl
 The rings a loop takes from a generator or a list of the module (`for ring in self._rings():
 self.g_caches.append(ring)`) are followed too; that finding has no fix, since the iterable may
 hold more than the gate rings.
+
+Across modules: in a run over a project (the command line, the language server), a dtype imported
+from another module of the project is followed to where it is defined — a module constant
+(`from .policy import WIRE_DTYPE`, `import pkg.policy as m; m.WIRE_DTYPE`, aliases of aliases,
+re-exports through a package's `__init__`, relative imports), a function that returns a dtype
+(`gate_ring_dtype()`, a constant, a lookup in a string table with a known key), a string table
+entry (`STR_DTYPE_TO_TORCH_DTYPE[flag]`), a class constant, a dataclass field of an instance built
+right there (`CacheConfig().ring_dtype`) or a property that returns a dtype. The message names the
+file and line the dtype was written at; the fix is made in the importing module, at the
+allocation. A name defined under a condition, bound twice or mutated in place is not followed;
+a field of an instance built elsewhere (`cfg.ring_dtype` with `cfg: CacheConfig`) vouches only
+for float32. A single text (stdin, the library API without a project index) reads only itself.
+
+Allocation helpers of the project are followed too: `alloc_ring(shape, torch.bfloat16)` of a
+helper that allocates with its `dtype` parameter (fixed at the call's argument), a helper with a
+fixed non-float32 dtype inside (its fresh result is cast at the call), and partials or lambdas
+exported by another module (`zeros_wire(shape)` gets `dtype=torch.float32` at the call).
 """
     FIX = (
         """\

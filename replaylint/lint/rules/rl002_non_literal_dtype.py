@@ -25,6 +25,13 @@ the model just drifts. This rule follows the dtype inside the function: a local 
 `torch.float32` is fine, a conditional whose branches are all float32 is fine, `x.dtype` of a
 tensor known to be float32 is fine. A local bound to a literal such as `torch.bfloat16` is
 reported by RL001 instead (it is then an explicit dtype), so one allocation never gets both codes.
+
+In a run over a project, a dtype imported from another module of the project is followed to its
+definition (constants, aliases, re-exports, functions, string tables, class constants and
+properties; see RL001): one that is float32 there is not reported, one that is a literal such as
+`torch.bfloat16` there is RL001's, with the file and line it was written at. What cannot be
+followed with certainty (a name rebound under a condition, a field of an instance built elsewhere
+whose default is not float32) stays a dtype that is not provably float32, reported here.
 """
     FIX = (
         """\

@@ -41,7 +41,9 @@ at module level, or a context manager around the allocation that sets it (vLLM's
 
 The allocation is also found behind `functools.partial(torch.zeros, device=...)` allocators,
 lambdas, helpers the module calls and `field(default_factory=...)`; a call's own `dtype=` wins
-over a partial's.
+over a partial's. In a run over a project, helpers, partials and lambdas imported from another
+module of the project are followed as well, and the finding names the file and line of the
+helper.
 
 A gate cache computed from a parameter (`torch.cat([tail, pad])`, `g.cumsum(-1) / temperature`,
 `F.logsigmoid(x)` over a list) keeps the dtype callers pass. When every call of the function in the

@@ -63,7 +63,8 @@ The rule evaluates the loop body or comprehension once per iteration whose name 
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
 clean. For a helper defined in the same module (a function or a method called on `self`), it
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
-the gate-cache call passes.
+the gate-cache call passes. A helper imported from another module of the project is RL001's or
+RL002's: the argument the gate-cache call passes is followed into the helper's allocation there.
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes

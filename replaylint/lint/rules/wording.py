@@ -109,14 +109,19 @@ def literal_names(dtypes: Iterable[str]) -> str:
 
 
 def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
-    """`` (through `dtype`, line 3)`` for literal dtypes that came through a local variable."""
+    """`` (through `dtype`, line 3)`` for literal dtypes that came through a local variable, and
+    `` (from `WIRE_DTYPE` at pkg/policy.py:4)`` for those another module of the project wrote."""
     seen: list[str] = []
+    origins: list[str] = []
     for fact in facts:
         if fact.binding is not None and fact.dtype is not None:
             text = f"`{fact.binding.name}`, line {context.line_of(fact.binding.node)}"
             if text not in seen:
                 seen.append(text)
-    return f" (through {'; '.join(seen)})" if seen else ""
+        if fact.origin and fact.dtype is not None and fact.origin not in origins:
+            origins.append(fact.origin)
+    pieces = [f"through {'; '.join(seen)}"] if seen else []
+    return f" ({'; '.join([*pieces, *origins])})" if pieces or origins else ""
 
 
 def is_spread(fact: TensorFact) -> bool:

@@ -27,10 +27,11 @@ from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.learning import entry_point_needles, learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
-from replaylint.lint.model import FileReport, Finding, Mode
+from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
+from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_file
 from replaylint.lint.run.workers import can_fork, in_workers, worker_state
 
@@ -194,7 +195,9 @@ def _cached_report(
     findings = stored.findings(filename)
     if findings is None:
         return None
-    report = FileReport(filename, findings=list(findings), unsafe_fixes=unsafe)
+    report = FileReport(
+        filename, findings=list(findings), unsafe_fixes=unsafe, dependencies=stored.dependencies
+    )
     if mode is not Mode.CHECK and any(report.fixable(f) for f in report.findings):
         return None  # there is something to fix: do it
     if report.findings and keep_sources:
@@ -236,10 +239,12 @@ def _import_analysis() -> None:
     import replaylint.lint.engine  # noqa: F401
 
 
-def _make_linter(settings: Settings, names: GateCacheNames, prefilter: bool) -> Linter:
+def _make_linter(
+    settings: Settings, names: GateCacheNames, prefilter: bool, modules: RunModules
+) -> Linter:
     from replaylint.lint.engine import Linter
 
-    return Linter(settings, gate_caches=names, prefilter=prefilter)
+    return Linter(settings, gate_caches=names, prefilter=prefilter, project=modules.index)
 
 
 def _run_jobs(
@@ -403,6 +408,11 @@ def lint_many(
         _rescan_for_learned_names(scanner, rescan, names, jobs)
     learned_key = _learned_key(names)
 
+    def digests() -> dict[str, str]:
+        return {os.path.abspath(i.key): i.digest for i in known.values() if i.digest}
+
+    modules = RunModules([item.path for item in teachers], digests, cache)
+
     reports: dict[Path, FileReport] = {}
     to_lint: list[_LintJob] = []
     sizes: list[int] = []
@@ -413,13 +423,13 @@ def lint_many(
         if answerable is None or stored is None:
             continue
         info = answerable
-        if stored.learned_key == learned_key:
+        if stored.learned_key == learned_key and modules.unchanged(stored.dependencies):
             report = _cached_report(info, stored, mode, unsafe, keep_sources)
             if report is not None:
                 reports[item.path] = report
                 if info.scanned and cache is not None and mode is not Mode.DIFF:
                     # Same content under a new mtime: remember the new one, skip the read next time.
-                    cache.put(info.key, _entry(info, learned_key, report.findings))
+                    cache.put(info.key, _entry(info, learned_key, report))
                 continue
         if not info.scanned:
             stale.append(info)
@@ -434,12 +444,12 @@ def lint_many(
         if state is not None and prefilter and not state.candidate:
             reports[item.path] = FileReport(str(item.path), unsafe_fixes=unsafe)
             if cache is not None and mode is not Mode.DIFF:
-                cache.put(state.key, _entry(state, learned_key, ()))
+                cache.put(state.key, _entry(state, learned_key, None))
             continue
         to_lint.append((item, mode, unsafe, keep_sources))
         sizes.append(state.size if state is not None else 0)
     if to_lint:
-        linter = _make_linter(settings, names, prefilter)
+        linter = _make_linter(settings, names, prefilter, modules)
         done = _run_jobs(linter, to_lint, sizes, jobs)
         for (item, *_), report in zip(to_lint, done, strict=True):
             reports[item.path] = report
@@ -465,15 +475,17 @@ def _learned_entry(info: _File) -> CachedFile:
     return CachedFile(info.size, info.mtime_ns, info.digest, info.learned, "", None, info.ctime_ns)
 
 
-def _entry(info: _File, learned_key: str, findings: Sequence[Finding]) -> CachedFile:
+def _entry(info: _File, learned_key: str, report: FileReport | None) -> CachedFile:
+    """An entry for results known without analysing (None: ruled out by the pre-filter)."""
     return CachedFile(
         info.size,
         info.mtime_ns,
         info.digest,
         info.learned,
         learned_key,
-        tuple(findings),
+        () if report is None else tuple(report.findings),
         info.ctime_ns,
+        () if report is None else report.dependencies,
     )
 
 
@@ -515,5 +527,6 @@ def _remember(
             learned_key=learned_key,
             findings=tuple(report.findings),
             ctime_ns=status.st_ctime_ns,
+            dependencies=report.dependencies,
         ),
     )

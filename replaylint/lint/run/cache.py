@@ -3,9 +3,11 @@
 ``.replaylint_cache/`` (it ignores itself with its own ``.gitignore``) holds one JSON file per
 effective configuration — the settings, the replaylint version and the rule set. Each file maps an
 absolute path to its size, modification time, content digest, the gate-cache names it teaches and
-its results under a given set of learned names. A file whose size and mtime are unchanged is not
-even read; one whose content digest is unchanged is not analysed again. Entries are decoded one at
-a time, and their findings only when a run reports them.
+its results under a given set of learned names (and, for a file that was analysed, the digests of
+the project modules whose summaries it read: a change of a policy module re-lints its importers). A
+file whose size and mtime are unchanged is not even read; one whose content digest is unchanged is
+not analysed again. Entries are decoded one at a time, and their findings only when a run reports
+them. Module summaries are kept by content digest, so an unchanged module is not parsed again.
 
 Safety: the store is written to a temporary file and renamed into place, so a crash or a
 concurrent run leaves either the old or the new store, never a torn one (the last writer wins).
@@ -27,7 +29,8 @@ from replaylint._version import __version__
 from replaylint.lint.model import Applicability, Edit, Finding, Fix, Location
 
 CACHE_DIRECTORY = ".replaylint_cache"
-_FORMAT = 2
+_FORMAT = 3
+_MAX_SUMMARIES = 8192  # module summaries kept between runs (content digest -> summary)
 
 
 def digest(raw: bytes) -> str:
@@ -49,6 +52,8 @@ class CachedFile:
     ctime_ns: int = 0
     """The inode's change time: restoring a tree with its mtimes (``cp -p``, ``rsync -a``,
     ``tar x``) changes it, and then the content digest decides."""
+    dependencies: tuple[tuple[str, str], ...] = ()
+    """(absolute path, content digest) of the project modules the results were computed from."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class StoredFile:
     learned_key: str
     raw_findings: Any
     ctime_ns: int = 0
+    dependencies: tuple[tuple[str, str], ...] = ()
 
     def findings(self, filename: str) -> tuple[Finding, ...] | None:
         """The cached findings, or None when unknown or not in the shape we write."""
@@ -131,6 +137,8 @@ class ResultCache:
         ).hexdigest()
         self.path = self.directory / f"results-{key}.json"
         self._entries: dict[str, list[Any]] = {}
+        self._summaries: dict[str, Any] = {}
+        self._used_summaries: set[str] = set()
         self._dirty = False
         self._load()
 
@@ -141,12 +149,28 @@ class ResultCache:
             return  # no store yet, or an unreadable one: start afresh
         if isinstance(data, dict) and isinstance(data.get("files"), dict):
             self._entries = data["files"]
+            summaries = data.get("summaries")
+            if isinstance(summaries, dict):
+                self._summaries = summaries
+
+    def summary(self, content_digest: str) -> tuple[bool, Any]:
+        """(whether the store has it, the module summary) of the file with ``content_digest``;
+        a summary is plain JSON data (see :mod:`replaylint.lint.project.summaries`)."""
+        if content_digest in self._summaries:
+            self._used_summaries.add(content_digest)
+            return True, self._summaries[content_digest]
+        return False, None
+
+    def put_summary(self, content_digest: str, summary: Any) -> None:
+        self._summaries[content_digest] = summary
+        self._used_summaries.add(content_digest)
+        self._dirty = True
 
     def lookup(self, key: str) -> StoredFile | None:
         """The entry of the file whose absolute path is ``key``; None if absent or malformed."""
         entry = self._entries.get(key)
         try:
-            size, mtime_ns, content_digest, learned, learned_key, findings, ctime_ns = entry  # type: ignore[misc]
+            size, mtime_ns, content_digest, learned, learned_key, findings, ctime_ns, used = entry  # type: ignore[misc]
             if findings is not None and not isinstance(findings, list):
                 return None
             return StoredFile(
@@ -157,6 +181,7 @@ class ResultCache:
                 learned_key=str(learned_key),
                 raw_findings=findings,
                 ctime_ns=int(ctime_ns),
+                dependencies=tuple((str(path), str(known)) for path, known in used),
             )
         except (TypeError, ValueError, KeyError, IndexError):
             return None  # absent, or not the shape we write: ignore it
@@ -170,6 +195,7 @@ class ResultCache:
             cached.learned_key,
             None if cached.findings is None else [finding_to_data(f) for f in cached.findings],
             cached.ctime_ns,
+            [list(item) for item in cached.dependencies],
         ]
         self._dirty = True
 
@@ -187,8 +213,13 @@ class ResultCache:
             return
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                summaries = self._summaries
+                if len(summaries) > _MAX_SUMMARIES:  # keep what this run read
+                    summaries = {k: v for k, v in summaries.items() if k in self._used_summaries}
                 json.dump(
-                    {"format": _FORMAT, "files": self._entries}, stream, separators=(",", ":")
+                    {"format": _FORMAT, "files": self._entries, "summaries": summaries},
+                    stream,
+                    separators=(",", ":"),
                 )
             os.replace(temporary, self.path)
         except OSError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
 from typing import TYPE_CHECKING
 
 from replaylint.lint.model import FileReport, Mode, SourceError
@@ -53,12 +54,16 @@ def lint_text(
 ) -> tuple[FileReport, str]:
     """Lint (and in fix/diff mode fix) ``text``; returns the report and the resulting text."""
     report = FileReport(filename, source=text, unsafe_fixes=unsafe)
+    if linter.project is not None:
+        linter.project.take_used()  # what the analysis of this text reads is recorded afresh
     try:
         report.notes.extend(linter.noqa_notes(text, filename))
         if mode is Mode.CHECK:
             report.findings = linter.check(text, filename)
+            report.dependencies = _dependencies(linter, filename)
             return report, text
         result = linter.fix(text, filename, unsafe=unsafe)
+        report.dependencies = _dependencies(linter, filename)
     except SourceError as error:
         if error.row is not None:  # a syntax error, not "nested too deeply"
             error = _python_syntax_error(text) or error
@@ -88,6 +93,14 @@ def lint_text(
     if mode is Mode.DIFF and report.changed:
         report.diff = _diff(filename, text, result.source)
     return report, result.source
+
+
+def _dependencies(linter: Linter, filename: str) -> tuple[tuple[str, str], ...]:
+    """The other project modules the analysis read, with their content digests."""
+    if linter.project is None:
+        return ()
+    own = os.path.abspath(filename)
+    return tuple(used for used in linter.project.take_used() if used[0] != own)
 
 
 def _outside_root(item: Discovered) -> bool:

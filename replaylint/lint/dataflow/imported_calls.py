@@ -1,0 +1,172 @@
+"""Calls of allocation helpers, partials and lambdas that another module of the project defines.
+
+``g_cache = alloc_ring(shape, torch.bfloat16)`` with ``alloc_ring`` imported: the helper's summary
+says what it returns (``torch.zeros(shape, dtype=dtype, ...)``), and the call is evaluated with
+its arguments bound (:mod:`.imported`). The fix stays at the call: the call's own dtype argument
+(when the helper reads it once, as the allocation's dtype), ``dtype=torch.float32`` added for a
+partial or a lambda whose ``dtype`` the call may pass, or a cast of the fresh tensor a helper with
+a fixed dtype inside returns; the helper itself is never edited.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import (
+    AddDtypeArgument,
+    CastValue,
+    DtypeFact,
+    Float32Target,
+    Kind,
+    SetDtype,
+    TensorFact,
+    decided,
+)
+from replaylint.lint.dataflow.imported import (
+    MALFORMED,
+    Context,
+    Evaluation,
+    Here,
+    Unknown,
+    as_value,
+    describe_origins,
+)
+from replaylint.lint.dataflow.strings import Env
+from replaylint.lint.dataflow.torch_api import PARTIALS, POSITIONAL_DTYPE, TORCH_FACTORIES
+from replaylint.lint.project.index import External, Found, Origin
+from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.nodes import keyword_arg
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def tensor_facts(
+    prov: Provenance, call: cst.Call, site: Site, env: Env
+) -> tuple[TensorFact, ...] | None:
+    """What a call of a project's allocation helper, partial or lambda makes; None when the
+    index does not say."""
+    if prov.project is None:
+        return None
+    evaluation = Evaluation(prov, call)
+    context = Context(prov.project.module)
+    try:
+        value = as_value(prov, call, site, env)
+        if value is None:
+            return None
+        callee = evaluation.target(value[1], context)
+        if not isinstance(callee, Found):
+            return None
+        return (_allocation(evaluation, callee, value, context, call, site, env),)
+    except (Unknown, *MALFORMED):
+        return None
+
+
+def _allocation(
+    evaluation: Evaluation,
+    callee: Found,
+    value: Value,
+    context: Context,
+    call: cst.Call,
+    site: Site,
+    env: Env,
+) -> TensorFact:
+    prov = evaluation.prov
+    definition = callee.definition
+    made = definition[2] if definition[0] == "value" else None
+    if made is not None and made[0] == "call":  # `alloc = functools.partial(torch.zeros, ...)`
+        maker = evaluation.target(made[1], Context(callee.module))
+        if not (isinstance(maker, External) and maker.name in PARTIALS) or not made[2]:
+            raise Unknown
+        _factory(evaluation, made[2][0], Context(callee.module))
+        own = keyword_arg(call, "dtype")
+        if own is not None:  # the call's own dtype wins
+            facts = prov.dtype_facts(own.value, site, env)
+            return _decided(facts, own.value, SetDtype(own.value), here=True)
+        dtype = dict((str(k), v) for k, v in made[3]).get("dtype")
+        if dtype is None:
+            return _inherited(prov, call, site, env, AddDtypeArgument(call), callee.origins)
+        facts = tuple(evaluation.dtypes(dtype, Context(callee.module, origins=callee.origins)))
+        return _decided(facts, call, AddDtypeArgument(call), here=False)
+    result, inner = evaluation.called(callee, value[2], value[3], context)
+    if result[0] != "call":
+        raise Unknown
+    factory = _factory(evaluation, result[1], inner)
+    dtype = dict((str(k), v) for k, v in result[3]).get("dtype")
+    if dtype is None and factory in POSITIONAL_DTYPE and len(result[2]) > POSITIONAL_DTYPE[factory]:
+        dtype = result[2][POSITIONAL_DTYPE[factory]]
+    if dtype is None:
+        return _inherited(prov, call, site, env, CastValue(call), callee.origins)
+    if dtype[0] == "param":
+        bound = inner.params.get(str(dtype[1]))
+        if isinstance(bound, Here):  # the caller's own argument decides
+            facts = prov.dtype_facts(bound.expr, bound.site, bound.env)
+            once = _occurrences(result, str(dtype[1])) == 1
+            return _decided(facts, bound.expr, SetDtype(bound.expr) if once else None, here=True)
+        if bound is not None and dtype[1] == "dtype" and _keyword_parameter(callee, "dtype"):
+            facts = tuple(evaluation.dtypes(dtype, inner))
+            return _decided(facts, call, AddDtypeArgument(call), here=False)
+    facts = tuple(evaluation.dtypes(dtype, inner))
+    return _decided(facts, call, CastValue(call), here=False)
+
+
+def _factory(evaluation: Evaluation, value: Value, context: Context) -> str:
+    """The torch factory a project value names (``torch.zeros``), or :class:`Unknown`."""
+    target = evaluation.target(value, context)
+    if not (isinstance(target, External) and target.name in TORCH_FACTORIES):
+        raise Unknown
+    return target.name
+
+
+def _decided(
+    facts: tuple[DtypeFact, ...],
+    node: cst.BaseExpression,
+    target: Float32Target | None,
+    *,
+    here: bool,
+) -> TensorFact:
+    """The fact of an allocation whose dtype is one of ``facts``: a dtype written in the module
+    under analysis (``here``) may stay unknown (RL002's question); one read from the project
+    must be certain."""
+    if not facts:
+        raise Unknown
+    fact = decided(facts, node, target)
+    uncertain = any(f.dtype is None for f in facts)
+    if uncertain and not here and fact.kind in {Kind.EXPLICIT, Kind.VARIABLE}:
+        raise Unknown
+    return fact
+
+
+def _inherited(
+    prov: Provenance,
+    call: cst.Call,
+    site: Site,
+    env: Env,
+    target: Float32Target,
+    origins: tuple[Origin, ...] = (),
+) -> TensorFact:
+    from replaylint.lint.dataflow.defaults import default_dtype_detail
+
+    detail = default_dtype_detail(prov, site, env)
+    if origins:
+        detail = f"made by {describe_origins(origins)[5:]} without a dtype, so it has {detail}"
+    return TensorFact(Kind.INHERITED, call, call=call, detail=detail, target=target)
+
+
+def _occurrences(value: object, param: str) -> int:
+    """How often ``["param", param]`` is read in a summary value."""
+    if isinstance(value, list):
+        if len(value) == 2 and value[0] == "param" and value[1] == param:
+            return 1
+        return sum(_occurrences(item, param) for item in value)
+    return 0
+
+
+def _keyword_parameter(callee: Found, name: str) -> bool:
+    """Whether the function or lambda takes ``name`` by keyword (``dtype=`` can be added)."""
+    definition = callee.definition
+    params = definition[2] if definition[0] == "function" else definition[2][1]
+    return any(p[0] == name and p[1] in {"pos", "kw"} for p in params)

@@ -1,0 +1,301 @@
+"""The modules of a project, their summaries, and what a dotted name of one of them denotes.
+
+:class:`ProjectIndex` knows each file's module name (from the folders with ``__init__.py`` above
+it: a file in a package is ``pkg.sub.mod``; a file outside any package is its stem, so the project
+root and a ``src/`` folder are both roots) and loads a module's summary
+(:mod:`.summaries`) on first use through a loader (the batch run reads it from the result cache
+or from disk). Two files with one module name make that name ambiguous: it resolves to nothing.
+
+:meth:`ProjectIndex.resolve` turns ``pkg.policy.WIRE_DTYPE`` (or ``.policy.X`` from an importer)
+into what it denotes: a definition of a project module, a module of the project, or a name
+outside it (``torch.bfloat16``), following imports and re-exports (``from .policy import X`` in a
+package's ``__init__``) with a bound on the chain and a guard against cycles. A
+:class:`ProjectView` is one importer's window: its own module name, for relative imports. The
+index records which modules' summaries were read (:meth:`ProjectIndex.take_used`): the results of
+an analysis depend on exactly those files, and the result cache keys them on their digests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from replaylint.lint.project.summaries import Definition, Summary, Value
+
+MAX_CHAIN = 8
+"""Imports and aliases followed to reach one definition."""
+
+SummaryLoader = Callable[[str], "tuple[Summary | None, str]"]
+"""Reads the summary of the file at a path (None when it cannot be read or parsed) and the
+file's content digest."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a definition is: ``pkg/policy.py:4`` names ``WIRE_DTYPE``."""
+
+    name: str
+    path: str
+    line: int
+
+    def describe(self) -> str:
+        return f"`{self.name}` at {self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Found:
+    """A definition of a project module (a constant, function or class), reached through
+    ``origins`` (the aliases and re-exports followed, nearest first; the definition last)."""
+
+    module: str
+    name: str
+    definition: Definition
+    origins: tuple[Origin, ...]
+
+
+@dataclass(frozen=True)
+class External:
+    """A dotted name outside the project (``torch.bfloat16``)."""
+
+    name: str
+    origins: tuple[Origin, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """A module of the project."""
+
+    module: str
+
+
+Target = Found | External | ModuleRef | None
+
+
+def module_names(paths: Iterable[str]) -> dict[str, str]:
+    """Module name -> path for every Python file of ``paths``; names two files share dropped."""
+    packages: dict[str, tuple[str, ...]] = {}
+
+    def package_of(folder: str) -> tuple[str, ...]:
+        """The package a folder is (``("pkg", "sub")``), or ``()`` when it has no ``__init__``."""
+        known = packages.get(folder)
+        if known is None:
+            parent, name = os.path.split(folder)
+            is_package = bool(name) and os.path.isfile(os.path.join(folder, "__init__.py"))
+            known = packages[folder] = (*package_of(parent), name) if is_package else ()
+        return known
+
+    absolute: dict[str, str] = {}
+    found: dict[str, str] = {}
+    ambiguous: set[str] = set()
+    for path in paths:
+        if not path.endswith(".py"):
+            continue
+        folder, file = os.path.split(path)
+        where = absolute.get(folder)
+        if where is None:
+            where = absolute[folder] = os.path.abspath(folder or ".")
+        parts = package_of(where) + (() if file == "__init__.py" else (file[:-3],))
+        if not parts or not all(part.isidentifier() for part in parts):
+            continue
+        name = ".".join(parts)
+        if name in found and found[name] != path:
+            ambiguous.add(name)
+        found[name] = path
+    for name in ambiguous:
+        del found[name]
+    return found
+
+
+@dataclass
+class ProjectIndex:
+    """Module names and summaries of one project's files."""
+
+    modules: Mapping[str, str]
+    """Module name -> path."""
+    loader: SummaryLoader
+    _summaries: dict[str, tuple[Summary | None, str]] = field(default_factory=dict)
+    _by_path: dict[str, str] = field(default_factory=dict)
+    _used: dict[str, str] = field(default_factory=dict)
+
+    def module_of(self, path: str) -> str | None:
+        """The module name of the file at ``path``, when it is one of the project's."""
+        absolute = os.path.abspath(path)
+        known = self._by_path.get(absolute)
+        if known is None:
+            names = module_names([absolute])  # the same name the project's listing gives it
+            name = next(iter(names), "")
+            listed = self.modules.get(name)
+            known = self._by_path[absolute] = (
+                name if listed is not None and os.path.abspath(listed) == absolute else ""
+            )
+        return known or None
+
+    def is_package(self, module: str) -> bool:
+        return os.path.basename(self.modules.get(module, "")) == "__init__.py"
+
+    def summary(self, module: str) -> Summary | None:
+        """The module's summary, loaded on first use; every read is recorded (:meth:`take_used`)."""
+        path = self.modules.get(module)
+        if path is None:
+            return None
+        loaded = self._summaries.get(module)
+        if loaded is None:
+            loaded = self._summaries[module] = self.loader(path)
+        self._used[os.path.abspath(path)] = loaded[1]
+        return loaded[0]
+
+    def path_of(self, module: str) -> str:
+        return self.modules.get(module, module)
+
+    # ------------------------------------------------------------------ name resolution
+    def absolute(self, importer: str, spec: str) -> str | None:
+        """``..cfg`` imported in ``pkg.sub.mod`` -> ``pkg.cfg``; absolute names unchanged."""
+        level = len(spec) - len(spec.lstrip("."))
+        if level == 0:
+            return spec
+        parts = importer.split(".")
+        if not self.is_package(importer):
+            parts = parts[:-1]  # a module's package; a package's __init__ is its own
+        if level - 1 > len(parts) or (level - 1 == len(parts) and not spec[level:]):
+            return None
+        base = parts[: len(parts) - (level - 1)]
+        rest = spec[level:]
+        return ".".join([*base, rest] if rest else base) or None
+
+    def resolve(self, importer: str, dotted: str) -> Target:
+        """What ``dotted`` (as the importer wrote it, through its imports) denotes."""
+        head = dotted.lstrip(".")
+        dots = dotted[: len(dotted) - len(head)]
+        parts = head.split(".") if head else []
+        # the longest prefix that is a module of the project
+        for cut in range(len(parts), -1, -1):
+            spec = dots + ".".join(parts[:cut])
+            module = self.absolute(importer, spec) if spec else None
+            if module is not None and module in self.modules:
+                if self._shadowed(module):
+                    return None  # the package binds the name too: which one wins depends on order
+                target: Target = ModuleRef(module)
+                for attribute in parts[cut:]:
+                    target = self.attribute(target, attribute, ())
+                return target
+        if dots:
+            return None
+        return External(dotted)
+
+    def attribute(
+        self,
+        target: Target,
+        name: str,
+        origins: tuple[Origin, ...],
+        depth: int = 0,
+    ) -> Target:
+        """``target.name``: a submodule, a name of a module, or an external dotted name."""
+        if isinstance(target, External):
+            return External(f"{target.name}.{name}", target.origins)
+        if not isinstance(target, ModuleRef):
+            return None
+        submodule = f"{target.module}.{name}"
+        if submodule in self.modules:
+            if self._shadowed(submodule):
+                return None  # the package binds the name too: which one wins depends on order
+            return ModuleRef(submodule)
+        return self.lookup(target.module, name, origins, depth)
+
+    def _shadowed(self, module: str) -> bool:
+        """Whether ``module``'s package binds its name to something else than the submodule
+        (``policy = torch.float32`` in ``pkg/__init__.py`` beside ``pkg/policy.py``)."""
+        package, _, last = module.rpartition(".")
+        summary = self.summary(package) if package in self.modules else None
+        definition = None if summary is None else summary["names"].get(last)
+        if definition is None:
+            return False
+        value = definition[2] if definition[0] == "value" else None
+        if value is not None and value[0] == "ref" and value[2] == last:
+            return self.absolute(package, str(value[1])) != package  # `from . import policy`
+        return not (value is not None and value[0] == "module" and value[1] == module)
+
+    def lookup(
+        self,
+        module: str,
+        name: str,
+        origins: tuple[Origin, ...] = (),
+        depth: int = 0,
+    ) -> Target:
+        """The top-level ``name`` of ``module``, aliases and imports followed."""
+        if depth > MAX_CHAIN:
+            return None
+        summary = self.summary(module)
+        if summary is None:
+            return None
+        definition = summary["names"].get(name)
+        if definition is None or definition[0] == "unknown":
+            return None
+        assigned = summary["assigned"]
+        if name in assigned or "*" in assigned:
+            return None  # `sys.modules[__name__].X = ...`, `setattr(...)`: not certain
+        here = (*origins, Origin(name, self.path_of(module), int(definition[1])))
+        if definition[0] != "value":
+            return Found(module, name, definition, here)
+        value: Value = definition[2]
+        if value[0] in {"ref", "module", "name", "attr"}:
+            # `import torch` is no origin worth naming; `WIRE = torch.bfloat16` is
+            through = origins if value[0] == "module" else here
+            target = self.value_target(module, value, through, depth + 1)
+            if target is not None or value[0] != "attr":
+                return target  # an import or alias that leads nowhere (or in a cycle): nothing
+        return Found(module, name, definition, here)
+
+    def value_target(
+        self,
+        module: str,
+        value: Value,
+        origins: tuple[Origin, ...],
+        depth: int,
+    ) -> Target:
+        """What a name-like summary value of ``module`` denotes (None for other values)."""
+        if depth > MAX_CHAIN:
+            return None
+        kind = value[0]
+        if kind == "name":
+            return self.lookup(module, str(value[1]), origins, depth)
+        if kind == "module":
+            spec = str(value[1])
+            return ModuleRef(spec) if spec in self.modules else External(spec, origins)
+        if kind == "ref":
+            spec, name = str(value[1]), str(value[2])
+            absolute = self.absolute(module, spec)
+            if absolute is None:
+                return None
+            if absolute in self.modules:
+                return self.attribute(ModuleRef(absolute), name, origins, depth)
+            if spec.startswith("."):
+                return None  # a relative module the project does not have
+            return External(f"{absolute}.{name}", origins)
+        if kind == "attr":
+            base = self.value_target(module, value[1], origins, depth + 1)
+            return self.attribute(base, str(value[2]), origins, depth)
+        return None
+
+    def take_used(self) -> tuple[tuple[str, str], ...]:
+        """(path, content digest) of every module whose summary was read since the last call:
+        what the results of the analysis just done depend on."""
+        used = tuple(sorted(self._used.items()))
+        self._used.clear()
+        return used
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    """One importer's view of the project: its module name and the modules it may read."""
+
+    index: ProjectIndex
+    module: str
+
+    @classmethod
+    def of(cls, index: ProjectIndex, path: str) -> ProjectView | None:
+        module = index.module_of(path)
+        return None if module is None else cls(index, module)
+
+    def resolve(self, dotted: str) -> Target:
+        return self.index.resolve(self.module, dotted)

@@ -1,0 +1,408 @@
+"""What one module of a project tells other modules about dtypes: a small summary, made with ``ast``.
+
+A summary is plain data (lists, strings, numbers: it is stored in the result cache as JSON) that
+keeps, per top-level name, only what an importer may ask: the value of a constant
+(``WIRE_DTYPE = torch.bfloat16``, a table ``{"bfloat16": torch.bfloat16}``, an alias of an import),
+what a function returns (``return torch.float32``, ``return torch.zeros(shape, dtype=dtype)``), and
+a class's constants, field defaults and properties. Values are expressions of a tiny language:
+
+``["const", x]`` a Python literal; ``["name", n]`` a top-level name of the same module;
+``["ref", module, n]`` a name imported from ``module`` (relative modules keep their dots);
+``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
+``["table", [[key, v], ...]]`` a dict with literal keys; ``["tuple", [v, ...]]``;
+``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
+``["self", a]`` an attribute of ``self`` inside a class; ``["unknown"]``.
+
+Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
+``try``, a loop), declared ``global`` in a function, deleted or mutated in place
+(``TABLE[k] = v``, ``TABLE.update(...)``) is ``unknown``. A function is summarised when its body
+is straight-line: locals bound once, then one ``return``.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+Value = list[Any]
+"""A summary value (see the module docstring)."""
+Definition = list[Any]
+"""``["value", line, v]``, ``["function", line, params, v]``, ``["class", line, members, flags]``
+or ``["unknown", line]``."""
+Summary = dict[str, Any]
+"""``{"names": {name: Definition}, "assigned": [attribute, ...], "imports": [[module, name], ...]}``
+(every import of the module, at any depth; ``name`` is None for ``import module``)."""
+
+UNKNOWN: Value = ["unknown"]
+_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
+_CONDITIONAL: tuple[type[ast.stmt], ...] = (
+    ast.If,
+    ast.Try,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Match,
+    *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
+)
+# calls that rebind a module's names behind the analysis's back
+_DYNAMIC_NAMESPACE = frozenset({"globals", "vars", "exec"})
+_MAX_VALUE_NODES = 200  # a constant larger than this is no dtype policy
+
+
+def summarise(text: str) -> Summary | None:
+    """The summary of a module's text; None when it does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return _Summariser(tree).summary()
+
+
+def _module_spec(node: ast.ImportFrom) -> str:
+    return "." * node.level + (node.module or "")
+
+
+class _Summariser:
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self.names: dict[str, Definition] = {}
+        self.spoiled: set[str] = set()
+        self.assigned: set[str] = set()
+        self.imports: set[tuple[str, str | None]] = set()
+        self.dynamic = False
+        """The module rebinds names in ways not followed (a star import, ``globals()``)."""
+
+    def summary(self) -> Summary:
+        for statement in self.tree.body:
+            self._top_level(statement)
+        self._scan_everything()
+        names = {
+            name: (
+                ["unknown", definition[1]] if self.dynamic or name in self.spoiled else definition
+            )
+            for name, definition in self.names.items()
+        }
+        for name in self.spoiled - names.keys():
+            names[name] = ["unknown", 0]
+        return {
+            "names": names,
+            "assigned": sorted(self.assigned),
+            "imports": [list(item) for item in sorted(self.imports, key=str)],
+        }
+
+    # ------------------------------------------------------------------ top-level statements
+    def _define(self, name: str, definition: Definition) -> None:
+        if name in self.names:
+            self.spoiled.add(name)  # bound twice: which one an importer sees is not certain
+        self.names[name] = definition
+
+    def _top_level(self, statement: ast.stmt) -> None:
+        line = statement.lineno
+        if isinstance(statement, ast.Assign):
+            value = _Values(self, {}).value(statement.value)
+            for target in statement.targets:
+                if isinstance(target, ast.Name):
+                    self._define(target.id, ["value", line, value])
+                else:
+                    self._spoil_targets(target)
+        elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            if statement.value is not None:
+                value = _Values(self, {}).value(statement.value)
+                self._define(statement.target.id, ["value", line, value])
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            if isinstance(statement, ast.ImportFrom) and any(
+                a.name == "*" for a in statement.names
+            ):
+                self.dynamic = True  # any name may be rebound by what a star import brings
+            for name, value in _imported(statement):
+                self._define(name, ["value", line, value])
+        elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._define(statement.name, self._function(statement))
+        elif isinstance(statement, ast.ClassDef):
+            self._define(statement.name, self._class(statement))
+        elif isinstance(statement, _CONDITIONAL):
+            for node in ast.walk(statement):  # bound under a condition: not certain
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    self.spoiled.add(node.id)
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    self.spoiled.add(node.name)
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for alias in node.names:
+                        self.spoiled.add((alias.asname or alias.name).partition(".")[0])
+        elif isinstance(statement, (ast.AugAssign, ast.Delete)):
+            targets = statement.targets if isinstance(statement, ast.Delete) else [statement.target]
+            for target in targets:
+                self._spoil_targets(target)
+
+    def _spoil_targets(self, target: ast.expr) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                self.spoiled.add(node.id)
+
+    def _scan_everything(self) -> None:
+        """Rebindings and mutations anywhere in the module, and every module it imports."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                self.spoiled.update(node.names)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = (
+                    node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                )
+                for target in targets:
+                    if isinstance(target, ast.Attribute):
+                        self.assigned.add(target.attr)
+                    if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                        self.spoiled.add(target.value.id)
+            elif isinstance(node, ast.NamedExpr):
+                self.spoiled.add(node.target.id)  # a walrus may rebind a module name
+            elif isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Name) and func.id in {"setattr", "delattr"}:
+                    self.assigned.add("*")
+                elif isinstance(func, ast.Name) and func.id in _DYNAMIC_NAMESPACE:
+                    self.dynamic = True
+                elif isinstance(func, ast.Attribute):
+                    if func.attr == "__setattr__":
+                        self.assigned.add("*")
+                    elif func.attr in _MUTATORS and isinstance(func.value, ast.Name):
+                        self.spoiled.add(func.value.id)
+            elif isinstance(node, ast.ImportFrom):
+                spec = _module_spec(node)
+                for alias in node.names:
+                    self.imports.add((spec, None if alias.name == "*" else alias.name))
+            elif isinstance(node, ast.Import):
+                self.imports.update((alias.name, None) for alias in node.names)
+
+    # ------------------------------------------------------------------ functions and classes
+    def _function(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> Definition:
+        params = _params(self, function.args)
+        if params is None or isinstance(function, ast.AsyncFunctionDef):
+            return ["function", function.lineno, [], UNKNOWN]
+        if any(
+            _decorator_name(d)
+            not in {"staticmethod", "functools.cache", "cache", "lru_cache", "functools.lru_cache"}
+            for d in function.decorator_list
+        ):
+            return ["function", function.lineno, params, UNKNOWN]
+        return ["function", function.lineno, params, self._result(function, params)]
+
+    def _result(self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]) -> Value:
+        """What a straight-line body returns, its locals substituted; unknown otherwise."""
+        body = list(function.body)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+            return UNKNOWN
+        locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
+        for statement in body[:-1]:
+            if isinstance(statement, ast.Import | ast.ImportFrom):
+                for name, value in _imported(statement):
+                    locals_[name] = value
+                continue
+            if not (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+            ):
+                return UNKNOWN
+            name = statement.targets[0].id
+            if name in locals_ and locals_[name][0] != "ref":
+                return UNKNOWN  # rebound (or a parameter rebound): not followed
+            locals_[name] = _Values(self, locals_).value(statement.value)
+        return _Values(self, locals_).value(body[-1].value)
+
+    def _class(self, cls: ast.ClassDef) -> Definition:
+        members: dict[str, list[Any]] = {}
+        spoiled: set[str] = set()
+        flags = {
+            "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
+            or any(_dotted(base).endswith("NamedTuple") for base in cls.bases),
+            "frozen": any(_frozen(d) for d in cls.decorator_list),
+            "init": False,
+            "bases": bool(cls.bases) or bool(cls.keywords),
+        }
+        for statement in cls.body:
+            entry: list[Any] | None = None
+            name: str | None = None
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target = statement.targets[0]
+                if isinstance(target, ast.Name):
+                    name = target.id
+                    entry = ["const", statement.lineno, self._member_value(statement.value)]
+            elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                name = statement.target.id
+                classvar = "ClassVar" in _dotted(statement.annotation) or (
+                    isinstance(statement.annotation, ast.Subscript)
+                    and "ClassVar" in _dotted(statement.annotation.value)
+                )
+                kind = "const" if classvar or not flags["record"] else "field"
+                value = _field_default(statement.value)
+                entry = [
+                    kind,
+                    statement.lineno,
+                    UNKNOWN if value is None else self._member_value(value),
+                ]
+                if value is None and kind == "field":
+                    entry = ["field", statement.lineno, ["required"]]
+            elif isinstance(statement, ast.FunctionDef):
+                name = statement.name
+                if name in {"__init__", "__post_init__", "__new__", "__setattr__", "__getattr__"}:
+                    flags["init"] = True
+                if any(_decorator_name(d) == "property" for d in statement.decorator_list):
+                    entry = [
+                        "property",
+                        statement.lineno,
+                        self._result(statement, [["self", "pos", None]]),
+                    ]
+                else:
+                    entry = ["method", statement.lineno, UNKNOWN]
+            elif isinstance(statement, _CONDITIONAL):
+                for node in ast.walk(statement):
+                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                        spoiled.add(node.id)
+            if name is not None and entry is not None:
+                if name in members:
+                    spoiled.add(name)
+                members[name] = entry
+        for name in spoiled:
+            members[name] = ["unknown", cls.lineno, UNKNOWN]
+        return ["class", cls.lineno, members, flags]
+
+    def _member_value(self, node: ast.expr) -> Value:
+        return _Values(self, {}, in_class=True).value(node)
+
+
+def _imported(statement: ast.Import | ast.ImportFrom) -> list[tuple[str, Value]]:
+    found: list[tuple[str, Value]] = []
+    if isinstance(statement, ast.Import):
+        for alias in statement.names:
+            if alias.asname is not None:
+                found.append((alias.asname, ["module", alias.name]))
+            else:
+                head = alias.name.partition(".")[0]
+                found.append((head, ["module", head]))
+    else:
+        spec = _module_spec(statement)
+        found.extend(
+            (alias.asname or alias.name, ["ref", spec, alias.name])
+            for alias in statement.names
+            if alias.name != "*"
+        )
+    return found
+
+
+def _params(summariser: _Summariser, args: ast.arguments) -> list[Any] | None:
+    """``[[name, kind, default], ...]`` with kind ``pos``, ``kw`` (keyword-only), ``star`` or
+    ``starstar``; defaults are summary values (or None)."""
+    values = _Values(summariser, {})
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
+    defaults += list(args.defaults)
+    params: list[Any] = [
+        [arg.arg, "pos", None if default is None else values.value(default)]
+        for arg, default in zip(positional, defaults, strict=True)
+    ]
+    if args.vararg is not None:
+        params.append([args.vararg.arg, "star", None])
+    for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        params.append([arg.arg, "kw", None if kw_default is None else values.value(kw_default)])
+    if args.kwarg is not None:
+        params.append([args.kwarg.arg, "starstar", None])
+    return params
+
+
+class _Values:
+    """Expressions -> summary values, with a function's locals (and parameters) substituted."""
+
+    def __init__(
+        self, summariser: _Summariser, locals_: dict[str, Value], *, in_class: bool = False
+    ) -> None:
+        self.summariser = summariser
+        self.locals = locals_
+        self.in_class = in_class
+        self.budget = _MAX_VALUE_NODES
+
+    def value(self, node: ast.expr) -> Value:
+        self.budget -= 1
+        if self.budget < 0:
+            return UNKNOWN
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, (str, int, float, bool)) or node.value is None:
+                return ["const", node.value]
+            return UNKNOWN
+        if isinstance(node, ast.Name):
+            if node.id in self.locals:
+                return self.locals[node.id]
+            return ["name", node.id]
+        if isinstance(node, ast.Attribute):
+            if (
+                isinstance(node.value, ast.Name)
+                and node.value.id in {"self", "cls"}
+                and (self.in_class or node.value.id in self.locals)
+            ):
+                return ["self", node.attr]
+            return ["attr", self.value(node.value), node.attr]
+        if isinstance(node, ast.Subscript):
+            return ["item", self.value(node.value), self.value(node.slice)]
+        if isinstance(node, ast.Dict):
+            entries: list[Any] = []
+            for key, item in zip(node.keys, node.values, strict=True):
+                if not (isinstance(key, ast.Constant) and isinstance(key.value, (str, int))):
+                    return UNKNOWN  # a `**spread` or a computed key: not a table we read
+                entries.append([key.value, self.value(item)])
+            return ["table", entries]
+        if isinstance(node, (ast.Tuple, ast.List)):
+            if any(isinstance(e, ast.Starred) for e in node.elts):
+                return UNKNOWN
+            return ["tuple", [self.value(e) for e in node.elts]]
+        if isinstance(node, ast.Call):
+            if any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            ):
+                return UNKNOWN
+            return [
+                "call",
+                self.value(node.func),
+                [self.value(a) for a in node.args],
+                [[k.arg, self.value(k.value)] for k in node.keywords],
+            ]
+        if isinstance(node, ast.Lambda):
+            params = _params(self.summariser, node.args)
+            if params is None:
+                return UNKNOWN
+            inner = dict(self.locals)
+            inner.update({str(p[0]): ["param", p[0]] for p in params})
+            return ["lambda", params, _Values(self.summariser, inner).value(node.body)]
+        return UNKNOWN
+
+
+def _decorator_name(node: ast.expr) -> str:
+    return _dotted(node.func if isinstance(node, ast.Call) else node)
+
+
+def _frozen(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and any(
+        k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+        for k in node.keywords
+    )
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else ""
+    return ""
+
+
+def _field_default(value: ast.expr | None) -> ast.expr | None:
+    """``field(default=x)`` -> ``x``; ``field(...)`` without a default -> None."""
+    if isinstance(value, ast.Call) and _dotted(value.func).endswith("field"):
+        for keyword in value.keywords:
+            if keyword.arg == "default":
+                return keyword.value
+        return None
+    return value
