@@ -99,6 +99,7 @@ class Linter:
             module,
             self.gate_caches,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
+            source=source,
         )
         context.site = walker.site
         try:

@@ -35,6 +35,7 @@ from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -318,7 +319,7 @@ def _yields(function: cst.FunctionDef) -> list[tuple[cst.BaseExpression, cst.CST
                 raise _YieldFrom
         if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) and node is not function:
             return
-        for child in node.children:
+        for child in syntax_children(node):
             walk(child, statement)
 
     try:

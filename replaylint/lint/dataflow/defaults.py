@@ -21,6 +21,7 @@ from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import FLOAT32
 from replaylint.lint.syntax.nodes import dotted_name, one_line, positional_args
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -161,7 +162,7 @@ def _enclosing_with_items(
             continue
         if isinstance(node, cst.With) and prov.within(statement, node.body):
             found.extend(item.item for item in node.items if isinstance(item.item, cst.Call))
-        stack.extend(node.children)
+        stack.extend(syntax_children(node))
     yield from reversed(found)
 
 
@@ -194,7 +195,7 @@ def _calls_before(scope: cst.CSTNode, statement: cst.CSTNode | None) -> Iterator
             return False
         if isinstance(node, cst.Call):
             calls.append(node)
-        return any(walk(child) for child in node.children)
+        return any(walk(child) for child in syntax_children(node))
 
     walk(scope)
     yield from reversed(calls)

@@ -14,6 +14,7 @@ from replaylint.lint.dataflow.scopes import Binding, Scope, build_scope
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 
 class ModuleIndex:
@@ -140,7 +141,7 @@ class ModuleIndex:
                 classes.append(node)
             elif isinstance(node, cst.With):
                 withs.append(node)
-            stack.extend(reversed(node.children))
+            stack.extend(reversed(syntax_children(node)))
         self._calls, self._classes, self._assigned = calls, classes, assigned
         self._withs = withs
 
@@ -158,7 +159,7 @@ def _call_sites(module: cst.Module) -> dict[int, Site]:
             sites[id(node)] = Site(scopes, statement)
         # a body runs in the function's or class's scope; decorators and defaults outside it
         inner = (*scopes, node) if isinstance(node, (cst.FunctionDef, cst.ClassDef)) else None
-        for child in node.children:
+        for child in syntax_children(node):
             if inner is not None and child is getattr(node, "body", None):
                 stack.append((child, inner, None))
             else:

@@ -22,6 +22,7 @@ from replaylint.lint.dataflow.scopes import dominates
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.syntax.nodes import keyword_arg, literal_string, positional_args
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -258,5 +259,5 @@ def _uses(
     if isinstance(node, cst.Arg):
         yield from _uses(node.value, name, (*parents, node))
         return
-    for child in node.children:
+    for child in syntax_children(node):
         yield from _uses(child, name, (*parents, node))

@@ -20,6 +20,7 @@ from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -177,7 +178,7 @@ def _returns(function: cst.FunctionDef) -> Iterator[cst.BaseExpression]:
         if isinstance(node, cst.Return) and node.value is not None:
             yield node.value
         elif not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(node.children)
+            stack.extend(syntax_children(node))
 
 
 def _constructed_with(prov: Provenance, cls: cst.ClassDef, name: str) -> bool:

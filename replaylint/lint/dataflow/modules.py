@@ -33,6 +33,7 @@ from replaylint.lint.syntax.nodes import (
     positional_args,
 )
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -171,7 +172,7 @@ def _rewritten(scope: cst.CSTNode, name: str) -> bool:
             and node.func.attr.value in {"update", "setdefault", "__setitem__"}
         ):
             return True
-        stack.extend(node.children)
+        stack.extend(syntax_children(node))
     return False
 
 
@@ -236,7 +237,7 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                     and _floating(prov, cls, args[0].value)
                 ):
                     return GateBuffer(cls, name, node)
-        stack.extend(reversed(node.children))
+        stack.extend(reversed(syntax_children(node)))
     return None
 
 

@@ -75,6 +75,7 @@ from replaylint.lint.syntax.nodes import (
     string_key,
 )
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 __all__ = ["Env", "Provenance"]
 
@@ -529,13 +530,7 @@ class Provenance:
         """Whether ``node`` is ``root`` or one of its descendants."""
         inside = self._descendants.get(id(root))
         if inside is None:
-            found: set[int] = set()
-            stack: list[cst.CSTNode] = [root]
-            while stack:
-                current = stack.pop()
-                found.add(id(current))
-                stack.extend(current.children)
-            inside = self._descendants[id(root)] = frozenset(found)
+            inside = self._descendants[id(root)] = frozenset(map(id, descendants(root)))
         return id(node) in inside
 
     def all_float32(self, facts: Sequence[TensorFact]) -> bool:

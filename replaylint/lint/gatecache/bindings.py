@@ -10,6 +10,7 @@ binding to every rule that asks for bindings, in rule order.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from replaylint.lint.syntax.nodes import (
     record_fields,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
-from replaylint.lint.syntax.traversal import Visitor
+from replaylint.lint.syntax.traversal import Visitor, descendants
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,12 @@ class BindingWalker(Visitor):
         module: cst.Module,
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
+        source: str | None = None,
     ) -> None:
         super().__init__()
         self.module = module
+        self.source = source
+        """The module's text, when known: it rules out most list questions without a walk."""
         self.names = names
         self.receivers = tuple(receivers)
         self._scopes: list[ScopeNode] = [module]
@@ -70,6 +74,7 @@ class BindingWalker(Visitor):
         self._walrus_shared: dict[int, tuple[str, ...]] = {}
         self._record_fields: dict[str, list[str]] | None = None
         self._lists: frozenset[str] | None = None
+        self._maybe_lists: frozenset[str] | None = None
 
     def site(self) -> Site:
         """Where the traversal is: the enclosing scopes and the innermost statement."""
@@ -195,7 +200,7 @@ class BindingWalker(Visitor):
             name is None
             and isinstance(target, cst.Subscript)
             and (ring := binding_name(target.value)) is not None
-            and (self.names.is_plural(ring) or ring in self._list_names())
+            and (self.names.is_plural(ring) or self._is_list(ring))
         ):
             # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches (a plural
             # name, or one the module makes a list); an element written into a tensor
@@ -212,11 +217,16 @@ class BindingWalker(Visitor):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
-    def _list_names(self) -> frozenset[str]:
-        """Gate-cache names the module binds to a list or appends to: lists of rings."""
+    def _is_list(self, name: str) -> bool:
+        """Whether the module binds the gate-cache name ``name`` to a list or appends to it."""
+        if self.source is not None:
+            if self._maybe_lists is None:
+                self._maybe_lists = _maybe_list_words(self.source)
+            if name not in self._maybe_lists:
+                return False
         if self._lists is None:
             self._lists = _list_names(self.module, self.names)
-        return self._lists
+        return name in self._lists
 
     def visit_Assign(self, node: cst.Assign) -> None:
         targets = [target.target for target in node.targets]
@@ -345,12 +355,21 @@ _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
 _ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
 
 
+# A word the text binds to a list (`name = [...]`, `name: T = [...]`) or adds to (`name.append(`).
+_LIST_WORD = re.compile(
+    r"\b(\w+)\b\s*(?:\.\s*(?:append|insert|extend)\s*\(|(?::[^=\n]*)?=\s*[(\s]*\[)"
+)
+
+
+def _maybe_list_words(source: str) -> frozenset[str]:
+    """Every name the text may bind to a list or add to: a superset of what
+    :func:`_list_names` finds, read in one pass over the text instead of a walk of the tree."""
+    return frozenset(match.group(1) for match in _LIST_WORD.finditer(source))
+
+
 def _list_names(module: cst.Module, names: GateCacheNames) -> frozenset[str]:
     found: set[str] = set()
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
+    for node in descendants(module):
         target: cst.BaseExpression | None = None
         if isinstance(node, cst.Call) and method_name(node) in _ADDED_ELEMENT:
             assert isinstance(node.func, cst.Attribute)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.syntax.traversal import syntax_children
+
 
 def dotted_name(node: cst.CSTNode) -> str | None:
     """``a.b.c`` for a Name/Attribute chain, else None."""
@@ -77,7 +79,7 @@ def read_names(node: cst.CSTNode) -> list[cst.Name]:
     if isinstance(node, cst.Arg):
         return read_names(node.value)
     found: list[cst.Name] = []
-    for child in node.children:
+    for child in syntax_children(node):
         found.extend(read_names(child))
     return found
 
