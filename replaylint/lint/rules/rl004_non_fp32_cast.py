@@ -6,14 +6,20 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
-from replaylint.lint.dataflow.modules import GUARD, GateBuffer, gate_buffer_classes, module_cast
+from replaylint.lint.dataflow.modules import GUARD, ModuleCast, gate_buffer_classes, module_cast
+from replaylint.lint.dataflow.submodules import (
+    GateBufferHolders,
+    gate_buffer_holders,
+    guarded_instance,
+    held_module_cast,
+)
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
 from replaylint.lint.syntax.nodes import method_name, one_line
 
-_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "double"})
+_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "type"})
 
 
 class NonFp32Cast(Rule):
@@ -296,28 +302,44 @@ and state-dict loads.
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
-        self._buffers: dict[str, GateBuffer] | None = None
+        self._holders: GateBufferHolders | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) not in _MODULE_CAST_METHODS:
             return
-        if self._buffers is None:
-            self._buffers = gate_buffer_classes(self.provenance)
-        if not self._buffers:
+        prov = self.provenance
+        if self._holders is None:
+            self._holders = gate_buffer_holders(prov, gate_buffer_classes(prov))
+        if not self._holders.buffers:
             return
-        cast = module_cast(self.provenance, node, self.site(), self._buffers)
-        if cast is None:
+        site = self.site()
+        cast = module_cast(prov, node, site, self._holders.buffers) or held_module_cast(
+            prov, node, site, self._holders
+        )
+        if cast is None or guarded_instance(prov, node, site):
             return
+        self.report(node, self._module_cast_message(node, cast))
+
+    def _module_cast_message(self, node: cst.Call, cast: ModuleCast) -> str:
         literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
         target = literal_names(literals) if literals else "a dtype that is not provably float32"
         owner = cast.buffer.cls.name.value
         line = self.context.line_of(cast.buffer.node)
-        self.report(
-            node,
-            f"`{one_line(self.context.module, node)}` casts every floating buffer of `{owner}` to "
-            f"{target}, its gate cache `{cast.buffer.name}` (registered on line {line}) included; "
-            f"{WHY}; keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or "
-            "call it on the module after the cast)",
+        call = one_line(self.context.module, node)
+        advice = (
+            f"keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or call it "
+            "on the module after the cast)"
+        )
+        if not cast.buffer.held_by or cast.buffer.module is None:
+            return (
+                f"`{call}` casts every floating buffer of `{owner}` to {target}, its gate cache "
+                f"`{cast.buffer.name}` (registered on line {line}) included; {WHY}; {advice}"
+            )
+        held_by = ", itself held by ".join(f"`{path}`" for path in reversed(cast.buffer.held_by))
+        return (
+            f"`{call}` casts the gate buffer `{cast.buffer.name}` of "
+            f"`{cast.buffer.module.name.value}` (registered on line {line}), held by {held_by}, "
+            f"to {target} with every other floating buffer of `{owner}`; {WHY}; {advice}"
         )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
