@@ -264,6 +264,8 @@ class _Resolver:
     ) -> Names | None:
         if depth > _MAX_DEPTH:
             return None
+        if _is_name(expr, "None"):
+            return ()  # `self.model = None` until loaded: no module to cast
         deeper = depth + 1
         if isinstance(expr, cst.Call):
             made = self._constructed(expr.func, site, deeper, cls_name)
@@ -299,7 +301,7 @@ class _Resolver:
                 return None
             bound: list[Names | None] = []
             for binding, binding_site in found:
-                if binding.kind in {"assign", "with"} and binding.value is not None:
+                if binding.kind == "assign" and binding.value is not None:
                     bound.append(self.instances(binding.value, binding_site, deeper, cls_name))
                 elif binding.kind == "param" and isinstance(binding.node, cst.Param):
                     annotation = binding.node.annotation
@@ -350,7 +352,30 @@ class _Resolver:
         if isinstance(func, cst.IfExp):
             parts = (func.body, func.orelse)
             return _all_known([self._constructed(p, site, depth + 1, cls_name) for p in parts])
+        if isinstance(func, cst.Subscript):
+            # `ATTENTION_CLASSES[config.attn_implementation](config, layer_idx)`
+            entries = self._table(func.value, site)
+            if entries is None:
+                return None
+            return _all_known([self._constructed(v, s, depth + 1, cls_name) for v, s in entries])
         return None
+
+    def _table(
+        self, table: cst.BaseExpression, site: Site
+    ) -> list[tuple[cst.BaseExpression, Site]] | None:
+        """The values of a dict literal ``table`` is (or a name bound once to one)."""
+        if isinstance(table, cst.Name):
+            found = self.prov.lookup(table.value, site) or []
+            if len(found) != 1 or found[0][0].kind != "assign" or found[0][0].value is None:
+                return None
+            binding, site = found[0]
+            assert binding.value is not None
+            table = binding.value
+        if not isinstance(table, cst.Dict) or not table.elements:
+            return None
+        if not all(isinstance(e, cst.DictElement) for e in table.elements):
+            return None
+        return [(element.value, site) for element in table.elements]
 
     def _returned(
         self,
@@ -440,18 +465,12 @@ class _Resolver:
         entry = self.prov.index.scope(self.use.scope).statements.get(id(self.use.statement))
         if entry is None:
             return None
-        text = _code(test)
+        tested, negated = _without_not(test)
         for guard in entry[1]:
-            if guard.test is None:
-                continue
-            if _code(guard.test) == text:
-                return guard.polarity
-            if (
-                isinstance(guard.test, cst.UnaryOperation)
-                and isinstance(guard.test.operator, cst.Not)
-                and _code(guard.test.expression) == text
-            ):
-                return not guard.polarity
+            if guard.test is not None:
+                guarded, guard_negated = _without_not(guard.test)
+                if guarded == tested:
+                    return guard.polarity is (negated == guard_negated)
         return None
 
 
@@ -504,6 +523,13 @@ def _decorated(function: cst.FunctionDef, name: str) -> bool:
 
 def _is_static(function: cst.FunctionDef) -> bool:
     return _decorated(function, "staticmethod")
+
+
+def _without_not(test: cst.BaseExpression) -> tuple[str, bool]:
+    """``test``'s source without a leading ``not``, and whether there was one."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _code(test.expression), True
+    return _code(test), False
 
 
 def _code(node: cst.CSTNode) -> str:

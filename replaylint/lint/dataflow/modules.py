@@ -5,7 +5,8 @@ parameter and buffer of the module, so a gate cache registered as a float32 buff
 when the model is moved "to the model dtype" — the most common way a correct buffer goes wrong.
 :func:`gate_buffer_classes` finds the module's classes that register a floating gate buffer
 (directly or through a base class of the module; ``register_buffer`` or ``self.g_cache =
-nn.Buffer(...)``), and :func:`module_cast` says whether a call casts an instance of one of them.
+nn.Buffer(...)``), and :func:`module_cast` says whether a call casts an instance of one of them
+(:mod:`.submodules` adds the classes that hold such an instance as a submodule).
 :func:`assigning_load` finds the other way: ``load_state_dict(checkpoint, assign=True)`` keeps
 the loaded tensors instead of copying them into the buffers, so the gate buffer takes the dtype
 the checkpoint was saved in. (Without ``assign``, loading copies into each buffer and keeps its

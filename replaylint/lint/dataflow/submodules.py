@@ -185,15 +185,20 @@ def held_module_cast(
 
 def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
     """Whether the module ``call`` casts is guarded as an instance: the cast is wrapped
-    (``keep_fp32_gate_caches(model.to(dtype))``), or its scope calls the guard on the same
-    module (``keep_fp32_gate_caches(model)``, before or after the cast)."""
+    (``keep_fp32_gate_caches(model.to(dtype))``), or its scope calls the guard on the cast
+    module or on the name the cast's result is bound to (``keep_fp32_gate_caches(model)``,
+    before or after the cast)."""
     if not isinstance(call.func, cst.Attribute):
         return False
+    module = prov.index.module
     receiver = call.func.value
     while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
         receiver = receiver.func.value  # `model.cuda().half()`: the guard names `model`
-    module = prov.index.module
-    text = _code(module, receiver)
+    names = {_code(module, receiver)}
+    if isinstance(site.statement, cst.SimpleStatementLine):
+        for small in site.statement.body:  # `model = KimiModel(config).half()`
+            if isinstance(small, cst.Assign) and any(n is call for n in _walk(small.value)):
+                names.update(_code(module, target.target) for target in small.targets)
     for node in _walk(site.scope):
         if (
             isinstance(node, cst.Call)
@@ -201,7 +206,7 @@ def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
             and node.args
         ):
             guarded = node.args[0].value
-            if _code(module, guarded) == text or any(n is call for n in _walk(guarded)):
+            if _code(module, guarded) in names or any(n is call for n in _walk(guarded)):
                 return True
     return False
 

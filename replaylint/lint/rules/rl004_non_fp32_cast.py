@@ -42,12 +42,24 @@ passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict o
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
 `.view(torch.bfloat16)` is a reinterpretation of the buffer's bits, reported as well.
 
-A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
-`model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
-(`self.register_buffer("g_cache", ...)`, `self.register_buffer(f"layer{i}_g_cache", ...)` or
-`self.g_cache = nn.Buffer(...)`, in the class or a base class) casts that buffer with
-every other one. The cast is reported where it is made, unless the class is guarded
-(`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from `replaylint.guards`).
+A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()`,
+`model.type(torch.float16)` or `model.to(device, dtype)` on an `nn.Module` of the module that
+registers a float32 gate buffer (`self.register_buffer("g_cache", ...)`,
+`self.register_buffer(f"layer{i}_g_cache", ...)` or `self.g_cache = nn.Buffer(...)`, in the class
+or a base class) casts that buffer with every other one. The cast recurses into submodules, so the
+usual form is a cast of the whole model: `KimiModel(config).to(torch.bfloat16)` converts the gate
+buffer of every `KimiDeltaAttention` that the model holds, as an attribute set in any method, in
+an `nn.ModuleList`, `nn.ModuleDict`, `nn.Sequential`, list or comprehension, through
+`add_module`/`setattr`, a layer-class table (`ATTENTION_CLASSES[kind](config)`) or a base class,
+at any depth. The model may be built directly, by `cls(...)` in a classmethod
+(`KimiModel.from_pretrained(...)`), by a factory function or method of the module, or come in as
+an annotated parameter (`model: KimiModel`), `self` or `self.model`. The cast is reported where it
+is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
+buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
+`replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
+puts them back to float32; nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
+cast is to float32 or float64 (which loses nothing; the kernel refuses float64 with an error), or
+the gate buffer is registered in another dtype already (reported where it is registered).
 """
     FIX = (
         """\
@@ -64,7 +76,7 @@ is reported without a fix: it reinterprets the bits of the buffer it aliases, so
 change, not only their precision; allocate the gate cache as float32 instead. A module cast has no
 fix either (the other buffers and the parameters must follow the model dtype): guard the module
 with `replaylint.guards.keep_fp32_gate_caches`, which keeps its gate caches float32 through casts
-and state-dict loads.
+and state-dict loads; on the top-level model it protects every submodule's gate caches.
 """
         + FIX_SAFETY
     )
@@ -153,6 +165,40 @@ and state-dict loads.
             def move(g_cache, device):
                 moved = {"device": device, "dtype": torch.float32}
                 return {"g_cache": g_cache.to(**moved), "d_cache": g_cache.view(torch.float32)}
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+            from replaylint.guards import keep_fp32_gate_caches
+
+            class KimiDeltaAttention(nn.Module):
+                def __init__(self, config, layer_idx):
+                    super().__init__()
+                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+
+            class KimiModel(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.layers = nn.ModuleList(
+                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+                    )
+
+            class KimiModelFp32Gates(KimiModel):
+                def _apply(self, fn, recurse=True):
+                    # puts every layer's gate ring back to float32 after the cast
+                    super()._apply(fn, recurse)
+                    for layer in self.layers:
+                        layer.replay_g_cache = layer.replay_g_cache.float()
+                    return self
+
+            def load(config, device):
+                # a device move, a float64 cast, a class and an instance that keep float32
+                KimiModel(config).to(device).double()
+                KimiModelFp32Gates(config).to(torch.bfloat16)
+                model = KimiModel(config).half()
+                return keep_fp32_gate_caches(model)
             """
         ),
     )
@@ -297,6 +343,66 @@ and state-dict loads.
                 return KimiDeltaCache(shape).half()
             """,
             message_contains="registered on line 7",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class KimiDeltaAttention(nn.Module):
+                def __init__(self, config, layer_idx):
+                    super().__init__()
+                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+
+            class KimiModel(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.layers = nn.ModuleList(
+                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+                    )
+
+            def load(config):
+                # the cast recurses into every layer: reported with the path to the buffer
+                model = KimiModel(config)
+                model = model.to(torch.bfloat16)
+                return model
+            """,
+            message_contains="`model.to(torch.bfloat16)` casts the gate buffer `replay_g_cache` "
+            "of `KimiDeltaAttention` (registered on line 7), held by `KimiModel.layers`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class KDAMixer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
+
+            class DecoderLayer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.mixer = KDAMixer(config)
+
+            class KimiForCausalLM(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    for i in range(config.num_layers):
+                        self.add_module(f"layer{i}", DecoderLayer(config))
+
+                @classmethod
+                def from_config(cls, config):
+                    return cls(config)
+
+            def to_model_dtype(model: KimiForCausalLM, config):
+                model.to(config.torch_dtype)
+
+            def fp16_inference(config):
+                return KimiForCausalLM.from_config(config).half()
+            """,
+            message_contains="held by `DecoderLayer.mixer`, itself held by "
+            "`KimiForCausalLM.layer{i}`",
         ),
     )
 
