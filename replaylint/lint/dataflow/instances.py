@@ -73,6 +73,13 @@ class ModuleClasses:
                     stack.append(base_class)
         return order
 
+    def family(self, cls: cst.ClassDef) -> tuple[str, ...]:
+        """``cls`` and its subclasses of the module: what ``self`` or ``cls`` may be in its
+        methods."""
+        return tuple(
+            name for name, other in self.by_name.items() if any(cls is c for c in self.mro(other))
+        )
+
     def is_module(self, cls: cst.ClassDef) -> bool:
         """Whether ``cls`` may be an ``nn.Module``: it has a base that is not plainly something
         else (``object``, ``ABC``, ``Protocol``, an enum), of the module or imported."""
@@ -295,7 +302,7 @@ class _Resolver:
         if isinstance(expr, cst.Name):
             owner = self._self_class(expr.value, site)
             if owner is not None:
-                return (owner.name.value,)
+                return self.classes.family(owner)
             found = self.prov.lookup(expr.value, site)
             if not found:
                 return None
@@ -329,7 +336,7 @@ class _Resolver:
                     and isinstance(function, cst.FunctionDef)
                     and _decorated(function, "classmethod")
                 ):
-                    return (owner.name.value,)
+                    return self.classes.family(owner)
                 return None
             found = self.prov.lookup(func.value, site)
             if found and all(b.kind == "definition" for b, _ in found):
