@@ -234,6 +234,12 @@ def to_argument_role(
             return "device"
         if as_allocation(prov.index, expr) is not None:
             return "tensor"
+        # a helper named for what it returns: `str_dtype_to_torch(cfg.dtype)`, `get_device()`
+        callee = (binding_name(expr.func) or "").lower()
+        if "dtype" in callee:
+            return "dtype"
+        if "device" in callee:
+            return "device"
         return "unknown"
     name = binding_name(expr)
     if name is not None:

@@ -5,7 +5,8 @@ parameter and buffer of the module, so a gate cache registered as a float32 buff
 when the model is moved "to the model dtype" — the most common way a correct buffer goes wrong.
 :func:`gate_buffer_classes` finds the module's classes that register a floating gate buffer
 (directly or through a base class of the module; ``register_buffer`` or ``self.g_cache =
-nn.Buffer(...)``), and :func:`module_cast` says whether a call casts an instance of one of them.
+nn.Buffer(...)``), and :func:`module_cast` says whether a call casts an instance of one of them
+(:mod:`.submodules` adds the classes that hold such an instance as a submodule).
 :func:`assigning_load` finds the other way: ``load_state_dict(checkpoint, assign=True)`` keeps
 the loaded tensors instead of copying them into the buffers, so the gate buffer takes the dtype
 the checkpoint was saved in. (Without ``assign``, loading copies into each buffer and keeps its
@@ -22,13 +23,21 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.casts import to_argument_role
-from replaylint.lint.dataflow.facts import DtypeFact, Kind
-from replaylint.lint.dataflow.torch_api import CAST_METHODS, FLOAT32, NON_FLOATING_DTYPES
+from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
+from replaylint.lint.dataflow.torch_api import (
+    CAST_METHODS,
+    FLOAT32,
+    FLOAT32_TENSOR_TYPE,
+    FLOAT64,
+    NON_FLOATING_DTYPES,
+    TENSOR_TYPE_DTYPES,
+)
 from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.syntax.nodes import (
     binding_name,
     dotted_name,
     keyword_arg,
+    literal_string,
     method_name,
     positional_args,
 )
@@ -54,6 +63,11 @@ class GateBuffer:
     """The gate cache's name."""
     node: cst.CSTNode
     """Where it is registered (the ``register_buffer`` call or the assignment)."""
+    module: cst.ClassDef | None = None
+    """For a buffer held through submodules: the class that registers it (or inherits it)."""
+    held_by: tuple[str, ...] = ()
+    """For a buffer held through submodules: the attributes that hold it, outermost first
+    (``KimiForCausalLM.model``, ``KimiModel.layers``)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +104,7 @@ def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
             own[cls.name.value] = found
     result: dict[str, GateBuffer] = {}
     for name, cls in classes.items():
-        if _guarded(cls):
+        if guarded_class(cls):
             continue
         buffer = _inherited(name, classes, own, set())
         if buffer is not None:
@@ -103,16 +117,32 @@ def module_cast(
 ) -> ModuleCast | None:
     """``call`` when it casts an instance of one of ``classes`` to a dtype not provably
     float32."""
+    dtypes = module_cast_dtypes(prov, call, site)
+    if dtypes is None or not isinstance(call.func, cst.Attribute):
+        return None
+    buffer = _instance_of(prov, call.func.value, site, classes, 0)
+    return None if buffer is None else ModuleCast(call, buffer, dtypes)
+
+
+def module_cast_dtypes(
+    prov: Provenance, call: cst.Call, site: Site
+) -> tuple[DtypeFact, ...] | None:
+    """The dtypes a module method call (``.to(dtype)``, ``.half()``, ``.type(dtype)``) casts
+    every floating buffer to, when one of them may narrow a float32 buffer; None for a device
+    move, a float32 cast, and a float64 one (which loses nothing, and the kernel refuses it)."""
     method = method_name(call)
     if method is None or not isinstance(call.func, cst.Attribute):
         return None
     dtypes: tuple[DtypeFact, ...]
     if method in CAST_METHODS:
         dtypes = (DtypeFact(CAST_METHODS[method], call.func.attr),)
-    elif method == "to":
-        dtype_arg = keyword_arg(call, "dtype")
+    elif method in {"to", "type"}:
+        dtype_arg = keyword_arg(call, "dtype" if method == "to" else "dst_type")
         expr = dtype_arg.value if dtype_arg is not None else None
-        for arg in positional_args(call)[:2]:
+        positional = positional_args(call)
+        if method == "type" and expr is None and positional:
+            return _type_dtypes(prov, positional[0].value, site)
+        for arg in positional[:2] if method == "to" else ():
             if expr is None and to_argument_role(prov, arg.value, site) == "dtype":
                 expr = arg.value
         if expr is None:
@@ -120,10 +150,27 @@ def module_cast(
         dtypes = prov.dtype_facts(expr, site)
     else:
         return None
-    if all(d.dtype == FLOAT32 or d.dtype in NON_FLOATING_DTYPES for d in dtypes):
-        return None
-    buffer = _instance_of(prov, call.func.value, site, classes, 0)
-    return None if buffer is None else ModuleCast(call, buffer, dtypes)
+    return _narrowing(dtypes)
+
+
+def _type_dtypes(
+    prov: Provenance, target: cst.BaseExpression, site: Site
+) -> tuple[DtypeFact, ...] | None:
+    """``module.type(torch.bfloat16)``, ``.type(torch.cuda.HalfTensor)`` or ``.type("...")``."""
+    name = literal_string(target)
+    if name is None and isinstance(target, cst.Attribute) and target.attr.value.endswith("Tensor"):
+        name = target.attr.value
+    if name is not None:
+        tensor_type = name.rpartition(".")[2]
+        if tensor_type == FLOAT32_TENSOR_TYPE:
+            return None
+        return _narrowing((DtypeFact(TENSOR_TYPE_DTYPES.get(tensor_type), target),))
+    return _narrowing(prov.dtype_facts(target, site))
+
+
+def _narrowing(dtypes: tuple[DtypeFact, ...]) -> tuple[DtypeFact, ...] | None:
+    kept = {FLOAT32, FLOAT64} | NON_FLOATING_DTYPES
+    return None if all(d.dtype in kept for d in dtypes) else dtypes
 
 
 def assigning_load(
@@ -205,11 +252,15 @@ def _instance_of(
 
 def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
     """The first floating gate buffer ``cls``'s own methods register."""
-    stack: list[cst.CSTNode] = [cls.body]
+    stack: list[tuple[cst.CSTNode, Site]] = [(cls.body, Site((prov.index.module, cls), None))]
     while stack:
-        node = stack.pop()
+        node, site = stack.pop()
         if isinstance(node, cst.ClassDef):
             continue
+        if isinstance(node, cst.FunctionDef):  # its locals decide what the buffer is made of
+            site = Site((*site.scopes, node), None)
+        elif isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            site = Site(site.scopes, node)
         if isinstance(node, cst.Call) and method_name(node) == "register_buffer":
             args = positional_args(node)
             key = static_name(args[0].value) if args else None
@@ -217,7 +268,7 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                 key is not None
                 and prov.index.gate_caches.matches(key)
                 and len(args) >= 2
-                and _floating(prov, cls, args[1].value)
+                and _floating(prov, site, args[1].value)
             ):
                 if isinstance(args[0].value, cst.FormattedString):  # named as written
                     key = prov.index.module.code_for_node(args[0].value)
@@ -234,23 +285,27 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                     and prov.index.gate_caches.matches(name)
                     and prov.index.qualified_names(buffer.func) & _BUFFER_CLASSES
                     and args
-                    and _floating(prov, cls, args[0].value)
+                    and _floating(prov, site, args[0].value)
                 ):
                     return GateBuffer(cls, name, node)
-        stack.extend(reversed(syntax_children(node)))
+        stack.extend((child, site) for child in reversed(syntax_children(node)))
     return None
 
 
-def _floating(prov: Provenance, cls: cst.ClassDef, value: cst.BaseExpression) -> bool:
-    """Whether the buffer may be floating point (not an index or a mask, not None)."""
+def _floating(prov: Provenance, site: Site, value: cst.BaseExpression) -> bool:
+    """Whether the buffer may be a float32 floating-point tensor: not an index or a mask, not
+    None, and not allocated in another floating dtype (RL001-RL003 report that one where it is
+    registered; a cast cannot narrow it further)."""
     if isinstance(value, cst.Name) and value.value == "None":
         return False
-    site = Site((prov.index.module, cls), None)
     facts = prov.tensor_facts(value, site)
-    return not (facts and all(f.kind is Kind.NOT_FLOATING for f in facts))
+    return not facts or any(
+        f.kind is not Kind.NOT_FLOATING and definite_dtype(f) in {None, FLOAT32} for f in facts
+    )
 
 
-def _guarded(cls: cst.ClassDef) -> bool:
+def guarded_class(cls: cst.ClassDef) -> bool:
+    """Whether ``cls`` is decorated with the guard or mixes it in."""
     decorated = any(
         GUARD
         in (
@@ -284,7 +339,7 @@ def _inherited(
     for base in classes[name].bases:
         base_name = dotted_name(base.value)
         if base_name is not None and base_name in classes:
-            if _guarded(classes[base_name]):
+            if guarded_class(classes[base_name]):
                 return None
             found = _inherited(base_name, classes, own, seen)
             if found is not None:

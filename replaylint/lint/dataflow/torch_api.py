@@ -9,6 +9,7 @@ the linter a torch function means adding it to one table here.
 from __future__ import annotations
 
 FLOAT32 = "float32"
+FLOAT64 = "float64"
 
 # attribute of the ``torch`` module -> canonical dtype name
 _TORCH_DTYPE_ALIASES: dict[str, str] = {

@@ -6,14 +6,20 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
-from replaylint.lint.dataflow.modules import GUARD, GateBuffer, gate_buffer_classes, module_cast
+from replaylint.lint.dataflow.modules import GUARD, ModuleCast, gate_buffer_classes, module_cast
+from replaylint.lint.dataflow.submodules import (
+    GateBufferHolders,
+    gate_buffer_holders,
+    guarded_instance,
+    held_module_cast,
+)
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
 from replaylint.lint.syntax.nodes import method_name, one_line
 
-_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "double"})
+_MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "type"})
 
 
 class NonFp32Cast(Rule):
@@ -37,12 +43,24 @@ a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a 
 `.view(torch.bfloat16)` (or `.view(dtype)` of a name that holds a dtype: a parameter annotated
 `torch.dtype`, one named `dtype`) is a reinterpretation of the buffer's bits, reported as well.
 
-A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()` or
-`model.to(device, dtype)` on an `nn.Module` of the module that registers a floating gate buffer
-(`self.register_buffer("g_cache", ...)`, `self.register_buffer(f"layer{i}_g_cache", ...)` or
-`self.g_cache = nn.Buffer(...)`, in the class or a base class) casts that buffer with
-every other one. The cast is reported where it is made, unless the class is guarded
-(`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from `replaylint.guards`).
+A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()`,
+`model.type(torch.float16)` or `model.to(device, dtype)` on an `nn.Module` of the module that
+registers a float32 gate buffer (`self.register_buffer("g_cache", ...)`,
+`self.register_buffer(f"layer{i}_g_cache", ...)` or `self.g_cache = nn.Buffer(...)`, in the class
+or a base class) casts that buffer with every other one. The cast recurses into submodules, so the
+usual form is a cast of the whole model: `KimiModel(config).to(torch.bfloat16)` converts the gate
+buffer of every `KimiDeltaAttention` that the model holds, as an attribute set in any method, in
+an `nn.ModuleList`, `nn.ModuleDict`, `nn.Sequential`, list or comprehension, through
+`add_module`/`setattr`, a layer-class table (`ATTENTION_CLASSES[kind](config)`) or a base class,
+at any depth. The model may be built directly, by `cls(...)` in a classmethod
+(`KimiModel.from_pretrained(...)`), by a factory function or method of the module, or come in as
+an annotated parameter (`model: KimiModel`), `self` or `self.model`. The cast is reported where it
+is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
+buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
+`replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
+puts them back to float32; nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
+cast is to float32 or float64 (which loses nothing; the kernel refuses float64 with an error), or
+the gate buffer is registered in another dtype already (reported where it is registered).
 """
     FIX = (
         """\
@@ -59,7 +77,7 @@ is reported without a fix: it reinterprets the bits of the buffer it aliases, so
 change, not only their precision; allocate the gate cache as float32 instead. A module cast has no
 fix either (the other buffers and the parameters must follow the model dtype): guard the module
 with `replaylint.guards.keep_fp32_gate_caches`, which keeps its gate caches float32 through casts
-and state-dict loads.
+and state-dict loads; on the top-level model it protects every submodule's gate caches.
 """
         + FIX_SAFETY
     )
@@ -176,6 +194,40 @@ and state-dict loads.
                 # a helper of the module that returns float32
                 g_cache = saved.clone().to(dtype=gate_dtype())
                 return Ring(shape).to(torch.bfloat16), g_cache
+            """
+        ),
+        Valid(
+            """
+            import torch
+            from torch import nn
+            from replaylint.guards import keep_fp32_gate_caches
+
+            class KimiDeltaAttention(nn.Module):
+                def __init__(self, config, layer_idx):
+                    super().__init__()
+                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+
+            class KimiModel(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.layers = nn.ModuleList(
+                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+                    )
+
+            class KimiModelFp32Gates(KimiModel):
+                def _apply(self, fn, recurse=True):
+                    # puts every layer's gate ring back to float32 after the cast
+                    super()._apply(fn, recurse)
+                    for layer in self.layers:
+                        layer.replay_g_cache = layer.replay_g_cache.float()
+                    return self
+
+            def load(config, device):
+                # a device move, a float64 cast, a class and an instance that keep float32
+                KimiModel(config).to(device).double()
+                KimiModelFp32Gates(config).to(torch.bfloat16)
+                model = KimiModel(config).half()
+                return keep_fp32_gate_caches(model)
             """
         ),
     )
@@ -333,32 +385,108 @@ and state-dict loads.
             """,
             message_contains="`.view(dtype)`, which reinterprets",
         ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class KimiDeltaAttention(nn.Module):
+                def __init__(self, config, layer_idx):
+                    super().__init__()
+                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+
+            class KimiModel(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.layers = nn.ModuleList(
+                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+                    )
+
+            def load(config):
+                # the cast recurses into every layer: reported with the path to the buffer
+                model = KimiModel(config)
+                model = model.to(torch.bfloat16)
+                return model
+            """,
+            message_contains="`model.to(torch.bfloat16)` casts the gate buffer `replay_g_cache` "
+            "of `KimiDeltaAttention` (registered on line 7), held by `KimiModel.layers`",
+        ),
+        Invalid(
+            """
+            import torch
+            from torch import nn
+
+            class KDAMixer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
+
+            class DecoderLayer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.mixer = KDAMixer(config)
+
+            class KimiForCausalLM(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    for i in range(config.num_layers):
+                        self.add_module(f"layer{i}", DecoderLayer(config))
+
+                @classmethod
+                def from_config(cls, config):
+                    return cls(config)
+
+            def to_model_dtype(model: KimiForCausalLM, config):
+                model.to(config.torch_dtype)
+
+            def fp16_inference(config):
+                return KimiForCausalLM.from_config(config).half()
+            """,
+            message_contains="held by `DecoderLayer.mixer`, itself held by "
+            "`KimiForCausalLM.layer{i}`",
+        ),
     )
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
-        self._buffers: dict[str, GateBuffer] | None = None
+        self._holders: GateBufferHolders | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) not in _MODULE_CAST_METHODS:
             return
-        if self._buffers is None:
-            self._buffers = gate_buffer_classes(self.provenance)
-        if not self._buffers:
+        prov = self.provenance
+        if self._holders is None:
+            self._holders = gate_buffer_holders(prov, gate_buffer_classes(prov))
+        if not self._holders.buffers:
             return
-        cast = module_cast(self.provenance, node, self.site(), self._buffers)
-        if cast is None:
+        site = self.site()
+        cast = module_cast(prov, node, site, self._holders.buffers) or held_module_cast(
+            prov, node, site, self._holders
+        )
+        if cast is None or guarded_instance(prov, node, site):
             return
+        self.report(node, self._module_cast_message(node, cast))
+
+    def _module_cast_message(self, node: cst.Call, cast: ModuleCast) -> str:
         literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
         target = literal_names(literals) if literals else "a dtype that is not provably float32"
         owner = cast.buffer.cls.name.value
         line = self.context.line_of(cast.buffer.node)
-        self.report(
-            node,
-            f"`{one_line(self.context.module, node)}` casts every floating buffer of `{owner}` to "
-            f"{target}, its gate cache `{cast.buffer.name}` (registered on line {line}) included; "
-            f"{WHY}; keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or "
-            "call it on the module after the cast)",
+        call = one_line(self.context.module, node)
+        advice = (
+            f"keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or call it "
+            "on the module after the cast)"
+        )
+        if not cast.buffer.held_by or cast.buffer.module is None:
+            return (
+                f"`{call}` casts every floating buffer of `{owner}` to {target}, its gate cache "
+                f"`{cast.buffer.name}` (registered on line {line}) included; {WHY}; {advice}"
+            )
+        held_by = ", itself held by ".join(f"`{path}`" for path in reversed(cast.buffer.held_by))
+        return (
+            f"`{call}` casts the gate buffer `{cast.buffer.name}` of "
+            f"`{cast.buffer.module.name.value}` (registered on line {line}), held by {held_by}, "
+            f"to {target} with every other floating buffer of `{owner}`; {WHY}; {advice}"
         )
 
     def check_binding(self, binding: GateCacheBinding) -> None:

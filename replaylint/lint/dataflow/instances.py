@@ -1,0 +1,544 @@
+"""Which classes of the module an expression builds: instances, and the submodules they hold.
+
+Two questions, both about the module's own classes (by name):
+
+* :func:`instance_classes` — what a value *is*, for the receiver of a module cast: every way it
+  may have been made must be understood (direct construction, ``cls(...)`` in a classmethod, a
+  classmethod such as ``from_pretrained`` called on the class, a factory function or method of
+  the module, an annotated parameter, ``self`` and ``self.<attribute>``); otherwise None.
+* :func:`contained_classes` — what a value set as an attribute *holds*: the classes built inside
+  it, through ``nn.ModuleList``, ``nn.ModuleDict``, ``nn.Sequential``, lists, tuples, dicts,
+  comprehensions, conditionals, and local lists appended to before they are wrapped. A part that
+  is not understood holds nothing.
+
+:func:`attribute_values` lists what a class's methods assign to attributes of ``self``
+(``self.x = ...``, ``add_module``, ``setattr``, ``self.layers.append(...)``), base classes of
+the module included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.syntax.nodes import dotted_name, literal_string, positional_args
+from replaylint.lint.syntax.sites import ScopeNode, Site
+from replaylint.lint.syntax.traversal import syntax_children
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+_MAX_DEPTH = 6
+# methods of nn.Module that return the module itself, keeping what it holds
+MODULE_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
+# callables whose result holds what their arguments hold
+_CONTAINERS = frozenset(
+    {"ModuleList", "ModuleDict", "Sequential", "list", "tuple", "dict", "OrderedDict"}
+)
+# calls that add their (last) argument to a list, dict or container module
+_ADDING_METHODS = frozenset({"append", "extend", "insert", "update", "add_module"})
+# constructors a model class inherits from its library (transformers): they return `cls(...)`
+_INHERITED_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
+_NOT_MODULE_BASES = frozenset(
+    {"object", "ABC", "abc.ABC", "Protocol", "typing.Protocol", "NamedTuple", "typing.NamedTuple"}
+    | {"Enum", "enum.Enum", "IntEnum", "enum.IntEnum", "TypedDict", "typing.TypedDict"}
+)
+
+Names = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModuleClasses:
+    """The module's classes by name, each with the scopes its body is evaluated in."""
+
+    by_name: dict[str, cst.ClassDef]
+    scopes: dict[int, tuple[ScopeNode, ...]]
+    """``id(cls)`` -> the scopes of its body, ``cls`` last."""
+
+    def mro(self, cls: cst.ClassDef) -> list[cst.ClassDef]:
+        """``cls`` and its base classes of the module, nearest first."""
+        order: list[cst.ClassDef] = []
+        stack = [cls]
+        while stack:
+            current = stack.pop(0)
+            if any(current is seen for seen in order):
+                continue
+            order.append(current)
+            for base in current.bases:
+                base_class = self.by_name.get(dotted_name(base.value) or "")
+                if base_class is not None:
+                    stack.append(base_class)
+        return order
+
+    def family(self, cls: cst.ClassDef) -> tuple[str, ...]:
+        """``cls`` and its subclasses of the module: what ``self`` or ``cls`` may be in its
+        methods."""
+        return tuple(
+            name for name, other in self.by_name.items() if any(cls is c for c in self.mro(other))
+        )
+
+    def is_module(self, cls: cst.ClassDef) -> bool:
+        """Whether ``cls`` may be an ``nn.Module``: it has a base that is not plainly something
+        else (``object``, ``ABC``, ``Protocol``, an enum), of the module or imported."""
+        for owner in self.mro(cls):
+            for base in owner.bases:
+                name = dotted_name(base.value)
+                if name is not None and name not in _NOT_MODULE_BASES and name not in self.by_name:
+                    return True
+        return False
+
+
+def module_classes(prov: Provenance) -> ModuleClasses:
+    by_name: dict[str, cst.ClassDef] = {}
+    scopes: dict[int, tuple[ScopeNode, ...]] = {}
+    stack: list[tuple[cst.CSTNode, tuple[ScopeNode, ...]]] = [(prov.index.module, ())]
+    while stack:
+        node, outer = stack.pop()
+        if isinstance(node, (cst.Module, cst.FunctionDef, cst.ClassDef)):
+            outer = (*outer, node)
+            if isinstance(node, cst.ClassDef):
+                by_name.setdefault(node.name.value, node)
+                scopes[id(node)] = outer
+        stack.extend((child, outer) for child in reversed(syntax_children(node)))
+    return ModuleClasses(by_name, scopes)
+
+
+# ---------------------------------------------------------------- what a class's methods assign
+def attribute_values(
+    classes: ModuleClasses, cls: cst.ClassDef
+) -> Iterator[tuple[str, cst.BaseExpression, Site]]:
+    """``(attribute, value, site)`` for each value ``cls``'s methods (or its module bases')
+    put into an attribute of the instance."""
+    for owner in classes.mro(cls):
+        for statement in owner.body.body:
+            if not isinstance(statement, cst.FunctionDef) or _is_static(statement):
+                continue
+            if _decorated(statement, "classmethod"):
+                continue  # `cls.x = ...` sets the class, not an instance
+            params = statement.params.params or statement.params.posonly_params
+            if not params:
+                continue
+            me = params[0].name.value
+            scopes = (*classes.scopes[id(owner)], statement)
+            for line in _simple_statements(statement.body):
+                site = Site(scopes, line)
+                for small in line.body:
+                    for attribute, value in _assigned(small, me):
+                        yield attribute, value, site
+
+
+def _assigned(small: cst.BaseSmallStatement, me: str) -> Iterator[tuple[str, cst.BaseExpression]]:
+    if isinstance(small, cst.Assign):
+        for target in small.targets:
+            attribute = _own_attribute(target.target, me)
+            if attribute is not None:
+                yield attribute, small.value
+    elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
+        attribute = _own_attribute(small.target, me)
+        if attribute is not None:
+            yield attribute, small.value
+    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        call = small.value
+        args = positional_args(call)
+        func = call.func
+        if (
+            isinstance(func, cst.Attribute)
+            and _is_name(func.value, me)
+            and func.attr.value in {"add_module", "register_module"}
+            and len(args) >= 2
+        ):
+            yield _attribute_text(args[0].value), args[1].value
+        elif _is_name(func, "setattr") and len(args) >= 3 and _is_name(args[0].value, me):
+            yield _attribute_text(args[1].value), args[2].value
+        elif (
+            isinstance(func, cst.Attribute)
+            and func.attr.value in _ADDING_METHODS
+            and args
+            and _own_attribute(func.value, me) is not None
+        ):
+            yield _own_attribute(func.value, me) or "", args[-1].value
+
+
+def _own_attribute(target: cst.BaseExpression, me: str) -> str | None:
+    """``x`` of ``self.x`` or ``self.x[key]``."""
+    if isinstance(target, cst.Subscript):
+        target = target.value
+    if isinstance(target, cst.Attribute) and _is_name(target.value, me):
+        return target.attr.value
+    return None
+
+
+def _attribute_text(name: cst.BaseExpression) -> str:
+    """An attribute name as written: ``layers``, ``layer{i}`` (an f-string), ``{name}``."""
+    literal = literal_string(name)
+    if literal is not None:
+        return literal
+    if isinstance(name, cst.FormattedString):
+        module = cst.Module(body=[])
+        return "".join(
+            part.value
+            if isinstance(part, cst.FormattedStringText)
+            else "{" + module.code_for_node(part.expression) + "}"
+            if isinstance(part, cst.FormattedStringExpression)
+            else ""
+            for part in name.parts
+        )
+    return "{" + cst.Module(body=[]).code_for_node(name) + "}"
+
+
+def _simple_statements(
+    node: cst.CSTNode,
+) -> Iterator[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
+    """The simple statements of a body, in nested blocks too, not in nested definitions."""
+    for child in syntax_children(node):
+        if isinstance(child, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield child
+        elif not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
+            yield from _simple_statements(child)
+
+
+# ---------------------------------------------------------------- what a value holds (may)
+def contained_classes(
+    prov: Provenance, classes: ModuleClasses, expr: cst.BaseExpression, site: Site
+) -> Names:
+    """The module classes whose instances ``expr``'s value is, or holds as elements."""
+    return _Resolver(prov, classes, site).contained(expr, site, 0, None)
+
+
+def instance_classes(
+    prov: Provenance, classes: ModuleClasses, expr: cst.BaseExpression, site: Site
+) -> Names | None:
+    """The module classes ``expr``'s value may be an instance of, when every way it may have
+    been made is one of them; None otherwise."""
+    return _Resolver(prov, classes, site).instances(expr, site, 0, None)
+
+
+@dataclass
+class _Resolver:
+    prov: Provenance
+    classes: ModuleClasses
+    use: Site
+    """Where the question is asked: its ``if`` tests decide conditionals on the same test."""
+
+    def contained(
+        self, expr: cst.BaseExpression, site: Site, depth: int, cls_name: str | None
+    ) -> Names:
+        if depth > _MAX_DEPTH:
+            return ()
+        deeper = depth + 1
+        if isinstance(expr, cst.Call):
+            made = self._constructed(expr.func, site, deeper, cls_name)
+            if made is not None:
+                return made
+            func = expr.func
+            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
+                return self.contained(func.value, site, deeper, cls_name)
+            if (dotted_name(func) or "").rpartition(".")[2] in _CONTAINERS:
+                return _union(self.contained(a.value, site, deeper, cls_name) for a in expr.args)
+            returned = self._returned(expr, site, deeper, cls_name, self.contained)
+            return _union(r for r in returned or () if r is not None)
+        if isinstance(expr, (cst.List, cst.Tuple, cst.Set, cst.Dict)):
+            return _union(
+                self.contained(element.value, site, deeper, cls_name) for element in expr.elements
+            )
+        if isinstance(expr, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+            return self.contained(expr.elt, site, deeper, cls_name)
+        if isinstance(expr, cst.DictComp):
+            return self.contained(expr.value, site, deeper, cls_name)
+        if isinstance(expr, cst.IfExp):
+            parts = (expr.body, expr.orelse)
+            return _union(self.contained(part, site, deeper, cls_name) for part in parts)
+        if isinstance(expr, cst.BooleanOperation):
+            parts = (expr.left, expr.right)
+            return _union(self.contained(part, site, deeper, cls_name) for part in parts)
+        if isinstance(expr, cst.Subscript):
+            return self.contained(expr.value, site, deeper, cls_name)
+        if isinstance(expr, cst.Name):
+            found: list[Names] = []
+            for binding, binding_site in self.prov.lookup(expr.value, site) or ():
+                if binding.kind == "assign" and binding.value is not None:
+                    found.append(self.contained(binding.value, binding_site, deeper, cls_name))
+            for added in _added_to(expr.value, site.scope):  # `layers.append(Layer(...))`
+                found.append(self.contained(added, site, deeper, cls_name))
+            return _union(found)
+        return ()
+
+    def instances(
+        self, expr: cst.BaseExpression, site: Site, depth: int, cls_name: str | None
+    ) -> Names | None:
+        if depth > _MAX_DEPTH:
+            return None
+        if _is_name(expr, "None"):
+            return ()  # `self.model = None` until loaded: no module to cast
+        deeper = depth + 1
+        if isinstance(expr, cst.Call):
+            made = self._constructed(expr.func, site, deeper, cls_name)
+            if made is not None:
+                return made
+            func = expr.func
+            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
+                return self.instances(func.value, site, deeper, cls_name)
+            returned = self._returned(expr, site, deeper, cls_name, self.instances)
+            return _all_known(returned)
+        if isinstance(expr, cst.IfExp):
+            decided = self._decided(expr.test, site)
+            if decided is not None:
+                return self.instances(expr.body if decided else expr.orelse, site, deeper, cls_name)
+            parts = (expr.body, expr.orelse)
+            return _all_known([self.instances(part, site, deeper, cls_name) for part in parts])
+        if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
+            owner = self._self_class(expr.value.value, site)
+            if owner is None:
+                return None
+            values = [
+                self.instances(value, value_site, deeper, None)
+                for attribute, value, value_site in attribute_values(self.classes, owner)
+                if attribute == expr.attr.value
+            ]
+            return _all_known(values) if values else None
+        if isinstance(expr, cst.Name):
+            owner = self._self_class(expr.value, site)
+            if owner is not None:
+                return self.classes.family(owner)
+            found = self.prov.lookup(expr.value, site)
+            if not found:
+                return None
+            bound: list[Names | None] = []
+            for binding, binding_site in found:
+                if binding.kind == "assign" and binding.value is not None:
+                    bound.append(self.instances(binding.value, binding_site, deeper, cls_name))
+                elif binding.kind == "param" and isinstance(binding.node, cst.Param):
+                    annotation = binding.node.annotation
+                    bound.append(None if annotation is None else self._annotated(annotation))
+                else:
+                    bound.append(None)
+            return _all_known(bound)
+        return None
+
+    # ---------------------------------------------------------------- shared by both questions
+    def _constructed(
+        self, func: cst.BaseExpression, site: Site, depth: int, cls_name: str | None
+    ) -> Names | None:
+        """The classes a call of ``func`` constructs, when ``func`` is (bound to) a class."""
+        if depth > _MAX_DEPTH:
+            return None
+        if isinstance(func, cst.Name):
+            if func.value == "cls":
+                if cls_name is not None:
+                    return (cls_name,)
+                owner = site.enclosing_class()
+                function = site.scope
+                if (
+                    owner is not None
+                    and isinstance(function, cst.FunctionDef)
+                    and _decorated(function, "classmethod")
+                ):
+                    return self.classes.family(owner)
+                return None
+            found = self.prov.lookup(func.value, site)
+            if found and all(b.kind == "definition" for b, _ in found):
+                names = {b.node.name.value for b, _ in found if isinstance(b.node, cst.ClassDef)}
+                if len(names) == len(found) and names <= self.classes.by_name.keys():
+                    return tuple(sorted(names))
+                return None
+            if found is None:  # defined after use, or nowhere: the module's class by that name
+                return (func.value,) if func.value in self.classes.by_name else None
+            # `model_class = Fast if fast else Slow; model_class(config)`
+            values = [b.value for b, _ in found if b.kind == "assign" and b.value is not None]
+            if len(values) != len(found):
+                return None
+            return _all_known(
+                [
+                    self._constructed(v, s, depth + 1, cls_name)
+                    for v, (_, s) in zip(values, found, strict=True)
+                ]
+            )
+        if isinstance(func, cst.IfExp):
+            parts = (func.body, func.orelse)
+            return _all_known([self._constructed(p, site, depth + 1, cls_name) for p in parts])
+        if isinstance(func, cst.Subscript):
+            # `ATTENTION_CLASSES[config.attn_implementation](config, layer_idx)`
+            entries = self._table(func.value, site)
+            if entries is None:
+                return None
+            return _all_known([self._constructed(v, s, depth + 1, cls_name) for v, s in entries])
+        return None
+
+    def _table(
+        self, table: cst.BaseExpression, site: Site
+    ) -> list[tuple[cst.BaseExpression, Site]] | None:
+        """The values of a dict literal ``table`` is (or a name bound once to one)."""
+        if isinstance(table, cst.Name):
+            found = self.prov.lookup(table.value, site) or []
+            if len(found) != 1 or found[0][0].kind != "assign" or found[0][0].value is None:
+                return None
+            binding, site = found[0]
+            assert binding.value is not None
+            table = binding.value
+        if not isinstance(table, cst.Dict) or not table.elements:
+            return None
+        if not all(isinstance(e, cst.DictElement) for e in table.elements):
+            return None
+        return [(element.value, site) for element in table.elements]
+
+    def _returned(
+        self,
+        call: cst.Call,
+        site: Site,
+        depth: int,
+        cls_name: str | None,
+        resolve: Callable[[cst.BaseExpression, Site, int, str | None], Names | None],
+    ) -> list[Names | None]:
+        """``resolve`` of each value a factory of the module returns for ``call`` (a function,
+        a method on ``self``/``cls``, or a classmethod called on one of the module's classes)."""
+        func = call.func
+        target: tuple[cst.FunctionDef, tuple[ScopeNode, ...]] | None = None
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            owners = self._constructed(func.value, site, depth, cls_name)
+            if owners is not None and len(owners) == 1:
+                owner = self.classes.by_name[owners[0]]
+                target = self._method(owner, func.attr.value)
+                if target is None:
+                    inherited = func.attr.value in _INHERITED_CONSTRUCTORS
+                    return [owners] if inherited else []
+                cls_name = owners[0]
+        if target is None:
+            called = called_function(self.prov.index, self.prov, call, site)
+            if called is None:
+                return []
+            target = called[0], called[1]
+        function, scopes = target
+        results: list[Names | None] = []
+        for returned, statement in self.prov.index.scope(function).returns:
+            value = returned.value
+            if value is None or _is_name(value, "None"):
+                continue  # no module to cast
+            results.append(resolve(value, Site(scopes, statement), depth, cls_name))
+        return results
+
+    def _method(
+        self, owner: cst.ClassDef, name: str
+    ) -> tuple[cst.FunctionDef, tuple[ScopeNode, ...]] | None:
+        for cls in self.classes.mro(owner):
+            for statement in cls.body.body:
+                if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+                    return statement, (*self.classes.scopes[id(cls)], statement)
+        return None
+
+    def _self_class(self, name: str, site: Site) -> cst.ClassDef | None:
+        """The enclosing class when ``name`` is the first parameter of an instance method."""
+        owner = site.enclosing_class()
+        function = site.scope
+        if owner is None or not isinstance(function, cst.FunctionDef) or _is_static(function):
+            return None
+        params = function.params.params or function.params.posonly_params
+        if not params or params[0].name.value != name or _decorated(function, "classmethod"):
+            return None
+        found = self.prov.lookup(name, site) or []
+        return owner if all(b.kind == "param" for b, _ in found) else None
+
+    def _annotated(self, annotation: cst.Annotation) -> Names | None:
+        """The module class a parameter annotation names: ``KimiModel``, ``"KimiModel"``,
+        ``Optional[KimiModel]``, ``KimiModel | None``."""
+        node: cst.BaseExpression = annotation.annotation
+        for _ in range(3):  # `Optional["KimiModel"]`: a string inside a wrapper, or around one
+            text = literal_string(node)
+            if text is not None:
+                try:
+                    node = cst.parse_expression(text)
+                except cst.ParserSyntaxError:
+                    return None
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+                parts = [p for p in (node.left, node.right) if not _is_name(p, "None")]
+                node = parts[0] if len(parts) == 1 else node
+            if (
+                isinstance(node, cst.Subscript)
+                and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
+                and len(node.slice) == 1
+                and isinstance(node.slice[0].slice, cst.Index)
+            ):
+                node = node.slice[0].slice.value
+        name = dotted_name(node)
+        return (name,) if name is not None and name in self.classes.by_name else None
+
+    def _decided(self, test: cst.BaseExpression, site: Site) -> bool | None:
+        """The value of ``test`` where the question is asked, when that statement sits in an
+        ``if`` on the same test (``x = A() if fast else B()`` ... ``if fast: x.to(...)``)."""
+        if site.scope is not self.use.scope:
+            return None
+        entry = self.prov.index.scope(self.use.scope).statements.get(id(self.use.statement))
+        if entry is None:
+            return None
+        tested, negated = _without_not(test)
+        for guard in entry[1]:
+            if guard.test is not None:
+                guarded, guard_negated = _without_not(guard.test)
+                if guarded == tested:
+                    return guard.polarity is (negated == guard_negated)
+        return None
+
+
+def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:
+    """Values a scope adds to the list or dict ``name``: ``name.append(x)``, ``name += [x]``,
+    ``name[key] = x``."""
+    stack = [scope]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and _is_name(node.func.value, name)
+            and node.func.attr.value in _ADDING_METHODS
+            and node.args
+        ):
+            yield node.args[-1].value
+        elif (isinstance(node, cst.AugAssign) and _is_name(node.target, name)) or (
+            isinstance(node, cst.Assign)
+            and any(
+                isinstance(t.target, cst.Subscript) and _is_name(t.target.value, name)
+                for t in node.targets
+            )
+        ):
+            yield node.value
+        stack.extend(
+            child
+            for child in syntax_children(node)
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
+        )
+
+
+def _union(parts: Iterator[Names] | list[Names]) -> Names:
+    return tuple(dict.fromkeys(name for part in parts for name in part))
+
+
+def _all_known(parts: list[Names | None]) -> Names | None:
+    if not parts or any(part is None for part in parts):
+        return None
+    return _union([part for part in parts if part is not None])
+
+
+def _is_name(node: cst.BaseExpression, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def _decorated(function: cst.FunctionDef, name: str) -> bool:
+    return any(dotted_name(d.decorator) == name for d in function.decorators)
+
+
+def _is_static(function: cst.FunctionDef) -> bool:
+    return _decorated(function, "staticmethod")
+
+
+def _without_not(test: cst.BaseExpression) -> tuple[str, bool]:
+    """``test``'s source without a leading ``not``, and whether there was one."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _code(test.expression), True
+    return _code(test), False
+
+
+def _code(node: cst.CSTNode) -> str:
+    return " ".join(cst.Module(body=[]).code_for_node(node).split())

@@ -1,0 +1,224 @@
+"""Gate buffers held through submodules: ``model.to(torch.bfloat16)`` on the top-level model.
+
+``nn.Module._apply`` (behind ``.to(dtype)``, ``.half()``, ``.bfloat16()``, ``.type(...)``)
+recurses into every submodule, so casting a model converts the float32 gate buffer that each of
+its layers registers. A class *holds* a gate buffer when it registers one
+(:func:`.modules.gate_buffer_classes`) or when its instances hold an instance of a class that
+does: as an attribute set in any method, inside an ``nn.ModuleList`` / ``nn.ModuleDict`` /
+``nn.Sequential`` / list / comprehension, through ``add_module`` or ``setattr``, or through a
+base class (:mod:`.instances` reads those forms). :func:`held_gate_buffer` answers it for one
+class, given the answer for the classes it names, so it can be asked of an imported class too;
+:func:`gate_buffer_holders` asks it of every class of the module.
+
+A class that keeps its gate buffers float32 stops the cast wherever it sits on the path
+(:func:`keeps_gate_buffers_float32`): guarded with ``keep_fp32_gate_caches`` or the
+``KeepFp32GateCaches`` mixin, or overriding ``_apply`` (or ``to``, ``half``, ``bfloat16``,
+``type``) with a body that puts the gate buffers back to float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.allocations import literal_dtype
+from replaylint.lint.dataflow.instances import (
+    ModuleClasses,
+    attribute_values,
+    contained_classes,
+    instance_classes,
+    module_classes,
+)
+from replaylint.lint.dataflow.modules import (
+    GUARD,
+    GateBuffer,
+    ModuleCast,
+    guarded_class,
+    module_cast_dtypes,
+)
+from replaylint.lint.dataflow.torch_api import FLOAT32
+from replaylint.lint.gatecache.bindings import static_name
+from replaylint.lint.syntax.nodes import binding_name, dotted_name, method_name, positional_args
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+# nn.Module methods a class may override to decide what a cast does to its buffers
+_CAST_OVERRIDES = frozenset({"_apply", "to", "half", "bfloat16", "type"})
+
+HeldLookup = Callable[[str], GateBuffer | None]
+"""The gate buffer a class (by name) holds, or None."""
+
+
+@dataclass(frozen=True)
+class GateBufferHolders:
+    """The module's classes whose instances hold a float32 gate buffer, by name."""
+
+    classes: ModuleClasses
+    buffers: dict[str, GateBuffer]
+
+
+def gate_buffer_holders(prov: Provenance, registering: dict[str, GateBuffer]) -> GateBufferHolders:
+    """``registering`` (the classes that register a gate buffer) and the module's classes that
+    hold one through submodules, less those that keep their gate buffers float32."""
+    classes = module_classes(prov)
+    if not registering:
+        return GateBufferHolders(classes, {})
+    answers: dict[str, GateBuffer | None] = {}
+    asking: set[str] = set()
+
+    def lookup(name: str) -> GateBuffer | None:
+        if name in answers:
+            return answers[name]
+        cls = classes.by_name.get(name)
+        if cls is None or name in asking:
+            return None  # not a class of the module, or a cycle of attributes
+        asking.add(name)
+        try:
+            answers[name] = held_gate_buffer(prov, classes, cls, registering.get(name), lookup)
+        finally:
+            asking.discard(name)
+        return answers[name]
+
+    for name in classes.by_name:
+        lookup(name)
+    return GateBufferHolders(
+        classes, {name: buffer for name, buffer in answers.items() if buffer is not None}
+    )
+
+
+def held_gate_buffer(
+    prov: Provenance,
+    classes: ModuleClasses,
+    cls: cst.ClassDef,
+    registered: GateBuffer | None,
+    lookup: HeldLookup,
+) -> GateBuffer | None:
+    """The float32 gate buffer a cast of a ``cls`` instance converts: the one it registers
+    (``registered``), else the first one a submodule holds (``lookup`` answers for the classes
+    its attributes are built from). None when ``cls`` keeps its gate buffers float32."""
+    if keeps_gate_buffers_float32(prov, classes, cls):
+        return None
+    if registered is not None:
+        return registered
+    if not classes.is_module(cls):
+        return None
+    for attribute, value, site in attribute_values(classes, cls):
+        for name in contained_classes(prov, classes, value, site):
+            held = lookup(name)
+            if held is not None:
+                return GateBuffer(
+                    cls,
+                    held.name,
+                    held.node,
+                    held.module or held.cls,
+                    (f"{cls.name.value}.{attribute}", *held.held_by),
+                )
+    return None
+
+
+def keeps_gate_buffers_float32(prov: Provenance, classes: ModuleClasses, cls: cst.ClassDef) -> bool:
+    """Whether ``cls`` (or a base class of the module) is guarded, or overrides a cast method
+    of ``nn.Module`` with a body that restores float32 gate buffers: it then decides what a
+    cast does to them, here and for every module that holds it."""
+    for owner in classes.mro(cls):
+        if guarded_class(owner):
+            return True
+        for statement in owner.body.body:
+            if (
+                isinstance(statement, cst.FunctionDef)
+                and statement.name.value in _CAST_OVERRIDES
+                and _restores_float32(prov, statement)
+            ):
+                return True
+    return False
+
+
+def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
+    """Whether an override mentions float32 (``.float()``, ``torch.float32``), calls the guard,
+    or sets a gate-cache attribute (``self.g_cache = g_cache``, the tensor kept from before)."""
+    names = prov.index.gate_caches
+    stack: list[cst.CSTNode] = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            called = dotted_name(node.func) or ""
+            if method_name(node) == "float" or called.rpartition(".")[2] == GUARD:
+                return True
+            args = positional_args(node)
+            # `setattr(self, "g_cache", kept)`, `self.register_buffer("g_cache", kept)`
+            key = args[1] if called == "setattr" and len(args) > 1 else None
+            if method_name(node) == "register_buffer" and args:
+                key = args[0]
+            name = static_name(key.value) if key is not None else None
+            if name is not None and names.matches(name):
+                return True
+        elif isinstance(node, (cst.Attribute, cst.Name)):
+            if literal_dtype(prov.index, node) == FLOAT32:
+                return True
+        elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Attribute):
+            name = binding_name(node.target)
+            if name is not None and names.matches(name):
+                return True
+        stack.extend(syntax_children(node))
+    return False
+
+
+def held_module_cast(
+    prov: Provenance, call: cst.Call, site: Site, holders: GateBufferHolders
+) -> ModuleCast | None:
+    """``call`` when it casts (to a dtype not provably float32) a module that is, on some way
+    it may have been made, an instance of a class that holds a gate buffer."""
+    dtypes = module_cast_dtypes(prov, call, site)
+    if dtypes is None or not isinstance(call.func, cst.Attribute):
+        return None
+    names = instance_classes(prov, holders.classes, call.func.value, site)
+    for name in names or ():
+        if name in holders.buffers:
+            return ModuleCast(call, holders.buffers[name], dtypes)
+    return None
+
+
+def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
+    """Whether the module ``call`` casts is guarded as an instance: the cast is wrapped
+    (``keep_fp32_gate_caches(model.to(dtype))``), or its scope calls the guard on the cast
+    module or on the name the cast's result is bound to (``keep_fp32_gate_caches(model)``,
+    before or after the cast)."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    module = prov.index.module
+    receiver = call.func.value
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value  # `model.cuda().half()`: the guard names `model`
+    names = {_code(module, receiver)}
+    if isinstance(site.statement, cst.SimpleStatementLine):
+        for small in site.statement.body:  # `model = KimiModel(config).half()`
+            if isinstance(small, cst.Assign) and any(n is call for n in _walk(small.value)):
+                names.update(_code(module, target.target) for target in small.targets)
+    for node in _walk(site.scope):
+        if (
+            isinstance(node, cst.Call)
+            and (dotted_name(node.func) or "").rpartition(".")[2] == GUARD
+            and node.args
+        ):
+            guarded = node.args[0].value
+            if _code(module, guarded) in names or any(n is call for n in _walk(guarded)):
+                return True
+    return False
+
+
+def _walk(root: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(syntax_children(current))
+
+
+def _code(module: cst.Module, node: cst.CSTNode) -> str:
+    return " ".join(module.code_for_node(node).split())
