@@ -216,7 +216,7 @@ class _Summariser:
     def _class(self, cls: ast.ClassDef) -> Definition:
         members: dict[str, list[Any]] = {}
         spoiled: set[str] = set()
-        flags = {
+        flags: dict[str, Any] = {
             "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
             or any(_dotted(base).endswith("NamedTuple") for base in cls.bases),
             "frozen": any(_frozen(d) for d in cls.decorator_list),
@@ -268,6 +268,7 @@ class _Summariser:
                 members[name] = entry
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
+        flags["fields"] = _positional_fields(cls) if flags["record"] else None
         return ["class", cls.lineno, members, flags]
 
     def _member_value(self, node: ast.expr) -> Value:
@@ -380,6 +381,42 @@ class _Values:
 
 def _decorator_name(node: ast.expr) -> str:
     return _dotted(node.func if isinstance(node, ast.Call) else node)
+
+
+def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
+    """The fields a record's constructor fills by position, in order; None when which argument
+    fills which is not certain (``kw_only``, ``KW_ONLY``, ``field(init=False)``, a base class
+    of a dataclass, fields bound under a condition)."""
+    named_tuple = any(_dotted(base).endswith("NamedTuple") for base in cls.bases)
+    if not named_tuple and (cls.bases or cls.keywords):
+        return None  # a dataclass's base classes contribute fields of their own
+    for decorator in cls.decorator_list:
+        if isinstance(decorator, ast.Call) and any(k.arg == "kw_only" for k in decorator.keywords):
+            return None
+    fields: list[str] = []
+    for statement in cls.body:
+        if isinstance(statement, _CONDITIONAL):
+            return None
+        if not isinstance(statement, ast.AnnAssign) or not isinstance(statement.target, ast.Name):
+            continue
+        written = _dotted(statement.annotation) or (
+            _dotted(statement.annotation.value)
+            if isinstance(statement.annotation, ast.Subscript)
+            else ""
+        )
+        if written.endswith("ClassVar"):
+            continue
+        value = statement.value
+        if written.endswith("KW_ONLY") or (
+            isinstance(value, ast.Call)
+            and _dotted(value.func).endswith("field")
+            and any(k.arg in {"init", "kw_only"} for k in value.keywords)
+        ):
+            return None
+        if statement.target.id in fields:
+            return None
+        fields.append(statement.target.id)
+    return fields
 
 
 def _frozen(node: ast.expr) -> bool:
