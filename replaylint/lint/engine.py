@@ -99,6 +99,7 @@ class Linter:
             module,
             self.gate_caches,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
+            imported_lists=view.index.imported_lists(view.module) if view is not None else (),
         )
         context.site = walker.site
         try:

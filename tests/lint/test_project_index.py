@@ -632,3 +632,29 @@ def test_fields_of_a_record_class_of_another_module(
         ),
     }
     assert _codes(_lint(tmp_path, files, "pkg/step.py")) == expected
+
+
+@pytest.mark.parametrize(
+    ("rings", "expected"),
+    [
+        ("        self.g_cache: list[torch.Tensor] = []\n", [(5, "RL005")]),
+        ("        self.g_cache = [torch.zeros(4, dtype=torch.float32)]\n", [(5, "RL005")]),
+        # a tensor: an element written into it is cast by the copy
+        ("        self.g_cache = torch.zeros(2, 4, dtype=torch.float32)\n", []),
+    ],
+)
+def test_an_element_of_a_list_of_rings_another_module_makes(
+    tmp_path: Path, rings: str, expected: list[tuple[int, str]]
+) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": "import torch\nclass Cache:\n    def __init__(self):\n" + rings,
+        "pkg/loading.py": (
+            "import torch\n"
+            "from .cache import Cache\n"
+            "def restore(cache: Cache, path):\n"
+            "    state = torch.load(path)\n"
+            '    cache.g_cache[0] = state["g_cache.0"]\n'
+        ),
+    }
+    assert _codes(_lint(tmp_path, files, "pkg/loading.py")) == expected

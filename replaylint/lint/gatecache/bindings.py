@@ -10,7 +10,7 @@ binding to every rule that asks for bindings, in rule order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -60,8 +60,10 @@ class BindingWalker(Visitor):
         module: cst.Module,
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
+        imported_lists: Iterable[str] = (),
     ) -> None:
         super().__init__()
+        self._imported_lists = frozenset(imported_lists)
         self.module = module
         self.names = names
         self.receivers = tuple(receivers)
@@ -213,9 +215,11 @@ class BindingWalker(Visitor):
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
     def _list_names(self) -> frozenset[str]:
-        """Gate-cache names the module binds to a list or appends to: lists of rings."""
+        """Gate-cache names the module (or a module it imports from) binds to a list or appends
+        to: lists of rings."""
         if self._lists is None:
-            self._lists = _list_names(self.module, self.names)
+            imported = {name for name in self._imported_lists if self.names.matches(name)}
+            self._lists = _list_names(self.module, self.names) | imported
         return self._lists
 
     def visit_Assign(self, node: cst.Assign) -> None:
