@@ -100,7 +100,6 @@ class Linter:
             self.gate_caches,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
             imported_lists=view.index.imported_lists(view.module) if view is not None else (),
-            entry_points=self.settings.entry_points,
         )
         context.site = walker.site
         try:

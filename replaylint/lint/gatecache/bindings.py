@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import (
     binding_name,
-    dotted_name,
     literal_string,
     method_name,
     one_line,
@@ -63,12 +61,9 @@ class BindingWalker(Visitor):
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
         imported_lists: Iterable[str] = (),
-        entry_points: Sequence[EntryPoint] = (),
     ) -> None:
         super().__init__()
         self._imported_lists = frozenset(imported_lists)
-        self._entry_points = tuple(entry_points)
-        self._signatures: dict[str, list[cst.FunctionDef]] | None = None
         self.module = module
         self.names = names
         self.receivers = tuple(receivers)
@@ -219,46 +214,6 @@ class BindingWalker(Visitor):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
-    def _positional_gate(self, call: cst.Call) -> tuple[str, cst.Arg] | None:
-        """The parameter and argument of a decode entry point's gate cache passed by position;
-        None when it is passed otherwise or its position is not certain."""
-        written = dotted_name(call.func)
-        if written is None or any(arg.star for arg in call.args):
-            return None
-        entry = next((e for e in self._entry_points if e.matches(written)), None)
-        if entry is None or not self.names.matches(entry.parameter):
-            return None
-        if any(
-            arg.keyword is not None and arg.keyword.value == entry.parameter for arg in call.args
-        ):
-            return None  # passed by keyword: a binding of its own
-        position = entry.index
-        defined = self._defined().get(written.rpartition(".")[2], [])
-        if defined:  # the module defines the entry point: its signature decides
-            if len(defined) != 1 or not isinstance(call.func, cst.Name):
-                return None
-            names = [
-                p.name.value for p in (*defined[0].params.posonly_params, *defined[0].params.params)
-            ]
-            position = names.index(entry.parameter) if entry.parameter in names else None
-        positional = positional_args(call)
-        if position is None or position >= len(positional):
-            return None
-        return entry.parameter, positional[position]
-
-    def _defined(self) -> dict[str, list[cst.FunctionDef]]:
-        """The functions and methods the module defines, by name."""
-        if self._signatures is None:
-            found: dict[str, list[cst.FunctionDef]] = {}
-            stack: list[cst.CSTNode] = [self.module]
-            while stack:
-                node = stack.pop()
-                if isinstance(node, cst.FunctionDef):
-                    found.setdefault(node.name.value, []).append(node)
-                stack.extend(node.children)
-            self._signatures = found
-        return self._signatures
-
     def _list_names(self) -> frozenset[str]:
         """Gate-cache names the module (or a module it imports from) binds to a list or appends
         to: lists of rings."""
@@ -339,12 +294,6 @@ class BindingWalker(Visitor):
                     GateCacheBinding(arg.keyword.value, display, arg.value, node, self.site())
                 )
         positional = positional_args(node)
-        gate = self._positional_gate(node)
-        if gate is not None:
-            # `kda_replayssm_decode(..., d, k, g, out, ...)`: the entry point's gate-cache position
-            parameter, arg = gate
-            display = f"{parameter}={one_line(self.module, arg.value, 40)}"
-            self._found(GateCacheBinding(parameter, display, arg.value, node, self.site()))
         fields = self._fields_of(node.func)
         if fields is not None and not any(arg.star for arg in node.args):
             # `KDALayerState(d, k, g)`: a NamedTuple or dataclass of the module, built in order

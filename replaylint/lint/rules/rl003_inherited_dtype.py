@@ -178,58 +178,8 @@ more precision).
                 return model, g_cache
             """
         ),
-        Valid(
-            """
-            from typing import NamedTuple
-
-            import torch
-
-            class Rings(NamedTuple):
-                d: torch.Tensor
-                k: torch.Tensor
-                g: torch.Tensor
-
-            def draft_step(q, a, b, A_log, dt_bias, h0, rings, out):
-                g = torch.empty_like(rings.d, dtype=torch.float32).copy_(rings.g)
-                scratch = Rings(rings.d.clone(), rings.k.clone(), g)
-                kda_replayssm_decode(q, a, b, A_log, dt_bias, 0.125, h0, *scratch, out)
-            """
-        ),
     )
     INVALID = (
-        Invalid(
-            """
-            from typing import NamedTuple
-
-            import torch
-
-            class Rings(NamedTuple):
-                d: torch.Tensor
-                k: torch.Tensor
-                g: torch.Tensor
-
-            def draft_step(q, a, b, A_log, dt_bias, h0, rings, out):
-                # `.copy_()` returns its receiver: the scratch gate ring has the d ring's dtype
-                scratch = Rings(rings.d.clone(), rings.k.clone(), torch.empty_like(rings.d).copy_(rings.g))
-                kda_replayssm_decode(q, a, b, A_log, dt_bias, 0.125, h0, scratch.d, scratch.k, scratch.g, out)
-            """,
-            expected_fix="""
-            from typing import NamedTuple
-
-            import torch
-
-            class Rings(NamedTuple):
-                d: torch.Tensor
-                k: torch.Tensor
-                g: torch.Tensor
-
-            def draft_step(q, a, b, A_log, dt_bias, h0, rings, out):
-                # `.copy_()` returns its receiver: the scratch gate ring has the d ring's dtype
-                scratch = Rings(rings.d.clone(), rings.k.clone(), torch.empty_like(rings.d, dtype=torch.float32).copy_(rings.g))
-                kda_replayssm_decode(q, a, b, A_log, dt_bias, 0.125, h0, scratch.d, scratch.k, scratch.g, out)
-            """,
-            message_contains="the dtype of `rings.d`",
-        ),
         Invalid(
             """
             import torch
