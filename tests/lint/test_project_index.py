@@ -441,7 +441,7 @@ class Policy:
     [
         ("CacheConfig().gate_dtype", []),
         ("CacheConfig().ring_dtype", [(7, "RL001")]),  # the default holds: built right here
-        ("CacheConfig(ring_dtype=x).ring_dtype", [(7, "RL002")]),  # built with arguments
+        ("CacheConfig(ring_dtype=x).ring_dtype", [(7, "RL001")]),  # the argument decides
         ("cfg.gate_dtype", []),  # a float32 default vouches
         ("cfg.ring_dtype", [(7, "RL002")]),  # built elsewhere: may hold anything
         ("cfg.state_dtype", [(7, "RL001")]),  # a property that returns a constant
@@ -570,3 +570,91 @@ def test_an_instance_kept_in_a_local_holds_its_defaults_only_when_frozen(
         ),
     }
     assert _codes(_lint(tmp_path, files, "pkg/pool.py")) == expected
+
+
+def test_a_helper_that_takes_its_dtype_from_a_tensor_argument(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/util.py": (
+            "import torch\n"
+            "def alloc_like(shape, ref):\n"
+            "    return torch.zeros(shape, dtype=ref.dtype, device=ref.device)\n"
+        ),
+        "pkg/fork.py": (
+            "import torch\n"
+            "from .util import alloc_like\n"
+            "def fork(d_cache, g_cache):\n"
+            "    forked_g_cache = alloc_like(tuple(g_cache.shape), ref=d_cache).copy_(g_cache)\n"
+            "    kept_g_cache = alloc_like(tuple(g_cache.shape), ref=g_cache).copy_(g_cache)\n"
+            "    return forked_g_cache, kept_g_cache\n"
+        ),
+    }
+    findings = _lint(tmp_path, files, "pkg/fork.py")
+    assert _codes(findings) == [(4, "RL003")]
+    assert "allocated by `alloc_like` in the dtype of `d_cache`" in findings[0].message
+    assert findings[0].fix is not None
+    assert [e.content for e in findings[0].fix.edits] == [".to(torch.float32)"]
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (
+            "class Rings(NamedTuple):\n    d: torch.Tensor\n    k: torch.Tensor\n    g: torch.Tensor\n",
+            [(4, "RL003")],
+        ),
+        # an own __init__ may store its arguments anywhere
+        (
+            "class Rings(NamedTuple):\n    d: torch.Tensor\n    k: torch.Tensor\n    g: torch.Tensor\n"
+            "    def __init__(self, g, k, d): ...\n",
+            [],
+        ),
+        (
+            "@dataclass(kw_only=True)\nclass Rings:\n    d: torch.Tensor\n    k: torch.Tensor\n    g: torch.Tensor\n",
+            [],
+        ),
+    ],
+)
+def test_fields_of_a_record_class_of_another_module(
+    tmp_path: Path, record: str, expected: list[tuple[int, str]]
+) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/rings.py": "from dataclasses import dataclass\nfrom typing import NamedTuple\nimport torch\n"
+        + record,
+        "pkg/step.py": (
+            "import torch\n"
+            "from .rings import Rings\n"
+            "def step(rings, x):\n"
+            "    scratch = Rings(rings.d.clone(), rings.k.clone(), torch.empty_like(rings.d).copy_(rings.g))\n"
+            "    # the d ring's dtype reaches the gate ring through the record's third field\n"
+            "    replayssm_decode(x, g_cache=scratch.g)\n"
+        ),
+    }
+    assert _codes(_lint(tmp_path, files, "pkg/step.py")) == expected
+
+
+@pytest.mark.parametrize(
+    ("rings", "expected"),
+    [
+        ("        self.g_cache: list[torch.Tensor] = []\n", [(5, "RL005")]),
+        ("        self.g_cache = [torch.zeros(4, dtype=torch.float32)]\n", [(5, "RL005")]),
+        # a tensor: an element written into it is cast by the copy
+        ("        self.g_cache = torch.zeros(2, 4, dtype=torch.float32)\n", []),
+    ],
+)
+def test_an_element_of_a_list_of_rings_another_module_makes(
+    tmp_path: Path, rings: str, expected: list[tuple[int, str]]
+) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": "import torch\nclass Cache:\n    def __init__(self):\n" + rings,
+        "pkg/loading.py": (
+            "import torch\n"
+            "from .cache import Cache\n"
+            "def restore(cache: Cache, path):\n"
+            "    state = torch.load(path)\n"
+            '    cache.g_cache[0] = state["g_cache.0"]\n'
+        ),
+    }
+    assert _codes(_lint(tmp_path, files, "pkg/loading.py")) == expected

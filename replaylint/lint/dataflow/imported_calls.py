@@ -37,7 +37,7 @@ from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import PARTIALS, POSITIONAL_DTYPE, TORCH_FACTORIES
 from replaylint.lint.project.index import External, Found, Origin
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import keyword_arg
+from replaylint.lint.syntax.nodes import keyword_arg, one_line
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -96,6 +96,12 @@ def _allocation(
         raise Unknown
     factory = _factory(evaluation, result[1], inner)
     dtype = dict((str(k), v) for k, v in result[3]).get("dtype")
+    reference = _reference(factory, result, dtype)
+    if reference is not None:
+        bound = inner.params.get(reference)
+        if not isinstance(bound, Here):
+            raise Unknown
+        return _like(prov, call, bound)
     if dtype is None and factory in POSITIONAL_DTYPE and len(result[2]) > POSITIONAL_DTYPE[factory]:
         dtype = result[2][POSITIONAL_DTYPE[factory]]
     if dtype is None:
@@ -154,6 +160,38 @@ def _inherited(
     if origins:
         detail = f"made by {describe_origins(origins)[5:]} without a dtype, so it has {detail}"
     return TensorFact(Kind.INHERITED, call, call=call, detail=detail, target=target)
+
+
+def _reference(factory: str, result: Value, dtype: Value | None) -> str | None:
+    """The parameter whose tensor gives the helper's result its dtype: ``dtype=ref.dtype``,
+    ``torch.zeros_like(ref)`` without a dtype; None otherwise."""
+    if dtype is not None:
+        if dtype[0] == "attr" and dtype[2] == "dtype" and dtype[1][0] == "param":
+            return str(dtype[1][1])
+        return None
+    if factory.endswith("_like") and result[2] and result[2][0][0] == "param":
+        return str(result[2][0][1])
+    return None
+
+
+def _like(prov: Provenance, call: cst.Call, bound: Here) -> TensorFact:
+    """A helper's result in the dtype of the tensor the call passes (``bound``): what that
+    tensor is when it is float32 or not floating; inherited from it otherwise. The helper takes
+    no dtype to set, so the fix casts the result."""
+    source = prov.tensor_facts(bound.expr, bound.site, bound.env)
+    if prov.all_float32(source):
+        return TensorFact(Kind.FLOAT32, call)
+    if source and all(f.kind is Kind.NOT_FLOATING for f in source):
+        return TensorFact(Kind.NOT_FLOATING, call)
+    helper = one_line(prov.index.module, call.func)
+    described = one_line(prov.index.module, bound.expr)
+    return TensorFact(
+        Kind.INHERITED,
+        call,
+        call=call,
+        detail=f"allocated by `{helper}` in the dtype of `{described}`",
+        target=CastValue(call),
+    )
 
 
 def _occurrences(value: object, param: str) -> int:

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Literal
 
 import libcst as cst
 
+from replaylint.lint.dataflow import imported
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
+from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args, record_fields
 from replaylint.lint.syntax.sites import Site
 
@@ -91,6 +93,55 @@ def _field_value(
         cls = _record_class(prov, func.value)
         if cls is not None:
             return _constructed(prov, cls, record, field, site)
+    names = _imported_fields(prov, record, site, env)
+    if names is not None:
+        return _passed(prov, names, record, field, site)
+    return None
+
+
+def _imported_fields(prov: Provenance, call: cst.Call, site: Site, env: Env) -> list[str] | None:
+    """The positional fields of the record class another module of the project defines and
+    ``call`` constructs; None for anything else."""
+    if prov.project is None or any(arg.star for arg in call.args):
+        return None
+    try:
+        value = imported.as_value(prov, call.func, site, env)
+        if value is None:
+            return None
+        target = imported.Evaluation(prov, call).target(
+            value, imported.Context(prov.project.module)
+        )
+    except (imported.Unknown, *imported.MALFORMED):
+        return None
+    if not isinstance(target, Found) or target.definition[0] != "class":
+        return None
+    members, flags = target.definition[2], target.definition[3]
+    fields = flags.get("fields")
+    if not isinstance(fields, list) or flags.get("init"):
+        return None  # an own `__init__` may fill the fields otherwise
+    if any(members.get(name, ["unknown"])[0] != "field" for name in fields):
+        return None
+    return [str(name) for name in fields]
+
+
+def _passed(
+    prov: Provenance, names: list[str], call: cst.Call, field: str | int, site: Site
+) -> FieldValue | None:
+    """The argument of ``call`` that fills ``field`` of a record whose positional fields are
+    ``names``; None for a field the call leaves to its default."""
+    if isinstance(field, int):
+        if field >= len(names):
+            return None
+        field = names[field]
+    if field not in names or prov.index.assigns_attribute(field):
+        return None  # an instance may carry another value than the one it was built with
+    passed = keyword_arg(call, field)
+    if passed is not None:
+        return FieldValue(passed.value, site, "keyword")
+    position = names.index(field)
+    positional = positional_args(call)
+    if position < len(positional):
+        return FieldValue(positional[position].value, site, "positional")
     return None
 
 

@@ -11,7 +11,7 @@ binding to every rule that asks for bindings, in rule order.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -62,8 +62,10 @@ class BindingWalker(Visitor):
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
         source: str | None = None,
+        imported_lists: Iterable[str] = (),
     ) -> None:
         super().__init__()
+        self._imported_lists = frozenset(imported_lists)
         self.module = module
         self.source = source
         """The module's text, when known: it rules out most list questions without a walk."""
@@ -218,7 +220,10 @@ class BindingWalker(Visitor):
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
     def _is_list(self, name: str) -> bool:
-        """Whether the module binds the gate-cache name ``name`` to a list or appends to it."""
+        """Whether the module (or a module it imports from) binds the gate-cache name ``name`` to
+        a list or appends to it: a list of rings."""
+        if name in self._imported_lists and self.names.matches(name):
+            return True
         if self.source is not None:
             if self._maybe_lists is None:
                 self._maybe_lists = _maybe_list_words(self.source)

@@ -145,6 +145,20 @@ class ProjectIndex:
         self._used[os.path.abspath(path)] = loaded[1]
         return loaded[0]
 
+    def imported_lists(self, module: str) -> frozenset[str]:
+        """Attributes that the project modules ``module`` imports from make lists (a class
+        defined there keeps its rings in a list)."""
+        summary = self.summary(module)
+        if summary is None:
+            return frozenset()
+        found: set[str] = set()
+        for spec, _ in summary["imports"]:
+            absolute = self.absolute(module, str(spec))
+            imported = self.summary(absolute) if absolute is not None else None
+            if imported is not None:
+                found.update(imported.get("lists", ()))
+        return frozenset(found)
+
     def path_of(self, module: str) -> str:
         return self.modules.get(module, module)
 

@@ -30,8 +30,9 @@ Definition = list[Any]
 """``["value", line, v]``, ``["function", line, params, v]``, ``["class", line, members, flags]``
 or ``["unknown", line]``."""
 Summary = dict[str, Any]
-"""``{"names": {name: Definition}, "assigned": [attribute, ...], "imports": [[module, name], ...]}``
-(every import of the module, at any depth; ``name`` is None for ``import module``)."""
+"""``{"names": {name: Definition}, "assigned": [attribute, ...], "lists": [attribute, ...],
+"imports": [[module, name], ...]}`` (every import of the module, at any depth; ``name`` is None
+for ``import module``; ``lists``: attributes of ``self`` that hold lists)."""
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
@@ -70,6 +71,8 @@ class _Summariser:
         self.names: dict[str, Definition] = {}
         self.spoiled: set[str] = set()
         self.assigned: set[str] = set()
+        self.lists: set[str] = set()
+        """Attributes of ``self`` the module binds to a list or adds elements to."""
         self.imports: set[tuple[str, str | None]] = set()
         self.dynamic = False
         """The module rebinds names in ways not followed (a star import, ``globals()``)."""
@@ -89,6 +92,7 @@ class _Summariser:
         return {
             "names": names,
             "assigned": sorted(self.assigned),
+            "lists": sorted(self.lists),
             "imports": [list(item) for item in sorted(self.imports, key=str)],
         }
 
@@ -144,6 +148,7 @@ class _Summariser:
     def _scan_everything(self) -> None:
         """Rebindings and mutations anywhere in the module, and every module it imports."""
         for node in ast.walk(self.tree):
+            self._list_attribute(node)
             if isinstance(node, (ast.Global, ast.Nonlocal)):
                 self.spoiled.update(node.names)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -174,6 +179,34 @@ class _Summariser:
                     self.imports.add((spec, None if alias.name == "*" else alias.name))
             elif isinstance(node, ast.Import):
                 self.imports.update((alias.name, None) for alias in node.names)
+
+    def _list_attribute(self, node: ast.AST) -> None:
+        """``self.x = [...]``, ``self.x: list[T] = ...``, ``self.x.append(...)``: ``x`` holds a list."""
+        target: ast.expr | None = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            if isinstance(node.value, (ast.List, ast.ListComp)):
+                target = node.targets[0]
+        elif isinstance(node, ast.AnnAssign):
+            annotation = node.annotation
+            written = _dotted(
+                annotation.value if isinstance(annotation, ast.Subscript) else annotation
+            )
+            if written in {"list", "List", "typing.List"} or isinstance(
+                node.value, (ast.List, ast.ListComp)
+            ):
+                target = node.target
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"append", "insert", "extend"}
+        ):
+            target = node.func.value
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+        ):
+            self.lists.add(target.attr)
 
     # ------------------------------------------------------------------ functions and classes
     def _function(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> Definition:
@@ -216,7 +249,7 @@ class _Summariser:
     def _class(self, cls: ast.ClassDef) -> Definition:
         members: dict[str, list[Any]] = {}
         spoiled: set[str] = set()
-        flags = {
+        flags: dict[str, Any] = {
             "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
             or any(_dotted(base).endswith("NamedTuple") for base in cls.bases),
             "frozen": any(_frozen(d) for d in cls.decorator_list),
@@ -268,6 +301,7 @@ class _Summariser:
                 members[name] = entry
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
+        flags["fields"] = _positional_fields(cls) if flags["record"] else None
         return ["class", cls.lineno, members, flags]
 
     def _member_value(self, node: ast.expr) -> Value:
@@ -380,6 +414,42 @@ class _Values:
 
 def _decorator_name(node: ast.expr) -> str:
     return _dotted(node.func if isinstance(node, ast.Call) else node)
+
+
+def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
+    """The fields a record's constructor fills by position, in order; None when which argument
+    fills which is not certain (``kw_only``, ``KW_ONLY``, ``field(init=False)``, a base class
+    of a dataclass, fields bound under a condition)."""
+    named_tuple = any(_dotted(base).endswith("NamedTuple") for base in cls.bases)
+    if not named_tuple and (cls.bases or cls.keywords):
+        return None  # a dataclass's base classes contribute fields of their own
+    for decorator in cls.decorator_list:
+        if isinstance(decorator, ast.Call) and any(k.arg == "kw_only" for k in decorator.keywords):
+            return None
+    fields: list[str] = []
+    for statement in cls.body:
+        if isinstance(statement, _CONDITIONAL):
+            return None
+        if not isinstance(statement, ast.AnnAssign) or not isinstance(statement.target, ast.Name):
+            continue
+        written = _dotted(statement.annotation) or (
+            _dotted(statement.annotation.value)
+            if isinstance(statement.annotation, ast.Subscript)
+            else ""
+        )
+        if written.endswith("ClassVar"):
+            continue
+        value = statement.value
+        if written.endswith("KW_ONLY") or (
+            isinstance(value, ast.Call)
+            and _dotted(value.func).endswith("field")
+            and any(k.arg in {"init", "kw_only"} for k in value.keywords)
+        ):
+            return None
+        if statement.target.id in fields:
+            return None
+        fields.append(statement.target.id)
+    return fields
 
 
 def _frozen(node: ast.expr) -> bool:
