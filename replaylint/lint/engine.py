@@ -100,7 +100,9 @@ class Linter:
             self.gate_caches,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
             source=source,
-            imported_lists=view.index.imported_lists(view.module) if view is not None else (),
+            imported_lists=(
+                (lambda: view.index.imported_lists(view.module)) if view is not None else None
+            ),
         )
         context.site = walker.site
         try:

@@ -66,9 +66,9 @@ class GateBufferHolders:
 def gate_buffer_holders(prov: Provenance, registering: dict[str, GateBuffer]) -> GateBufferHolders:
     """``registering`` (the classes that register a gate buffer) and the module's classes that
     hold one through submodules, less those that keep their gate buffers float32."""
+    if not registering:  # nothing to hold: the module's classes need not be read
+        return GateBufferHolders(ModuleClasses({}, {}), {})
     classes = module_classes(prov)
-    if not registering:
-        return GateBufferHolders(classes, {})
     answers: dict[str, GateBuffer | None] = {}
     asking: set[str] = set()
 

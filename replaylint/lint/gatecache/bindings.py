@@ -62,10 +62,13 @@ class BindingWalker(Visitor):
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
         source: str | None = None,
-        imported_lists: Iterable[str] = (),
+        imported_lists: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         super().__init__()
-        self._imported_lists = frozenset(imported_lists)
+        self._read_imported_lists = imported_lists
+        """The names modules this one imports from make lists; read (and so depended on) only
+        when a local answer is no."""
+        self._imported_lists: frozenset[str] | None = None
         self.module = module
         self.source = source
         """The module's text, when known: it rules out most list questions without a walk."""
@@ -202,7 +205,7 @@ class BindingWalker(Visitor):
             name is None
             and isinstance(target, cst.Subscript)
             and (ring := binding_name(target.value)) is not None
-            and (self.names.is_plural(ring) or self._is_list(ring))
+            and (self.names.is_plural(ring) or self._is_list(ring, _held_elsewhere(target.value)))
         ):
             # `self.g_caches[layer] = ring` replaces a ring of a list of gate caches (a plural
             # name, or one the module makes a list); an element written into a tensor
@@ -219,19 +222,27 @@ class BindingWalker(Visitor):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
 
-    def _is_list(self, name: str) -> bool:
-        """Whether the module (or a module it imports from) binds the gate-cache name ``name`` to
-        a list or appends to it: a list of rings."""
-        if name in self._imported_lists and self.names.matches(name):
-            return True
-        if self.source is not None:
-            if self._maybe_lists is None:
-                self._maybe_lists = _maybe_list_words(self.source)
-            if name not in self._maybe_lists:
-                return False
-        if self._lists is None:
-            self._lists = _list_names(self.module, self.names)
-        return name in self._lists
+    def _is_list(self, name: str, held_elsewhere: bool) -> bool:
+        """Whether the module binds the gate-cache name ``name`` to a list or appends to it: a
+        list of rings; for an attribute of another object (``held_elsewhere``), also whether a
+        class of a module this one imports from does."""
+        if self.source is None or name in self._maybe_list_words():
+            if self._lists is None:
+                self._lists = _list_names(self.module, self.names)
+            if name in self._lists:
+                return True
+        if not held_elsewhere:
+            return False
+        if self._imported_lists is None:
+            read = self._read_imported_lists
+            self._imported_lists = frozenset(read() if read is not None else ())
+        return name in self._imported_lists and self.names.matches(name)
+
+    def _maybe_list_words(self) -> frozenset[str]:
+        if self._maybe_lists is None:
+            assert self.source is not None
+            self._maybe_lists = _maybe_list_words(self.source)
+        return self._maybe_lists
 
     def visit_Assign(self, node: cst.Assign) -> None:
         targets = [target.target for target in node.targets]
@@ -364,6 +375,14 @@ _ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
 _LIST_WORD = re.compile(
     r"\b(\w+)\b\s*(?:\.\s*(?:append|insert|extend)\s*\(|(?::[^=\n]*)?=\s*[(\s]*\[)"
 )
+
+
+def _held_elsewhere(ring: cst.BaseExpression) -> bool:
+    """``cache.g_cache``: an attribute of an object other than ``self``, whose class may be
+    defined in another module (``self.g_cache`` and bare names are this module's own)."""
+    return isinstance(ring, cst.Attribute) and not (
+        isinstance(ring.value, cst.Name) and ring.value.value in {"self", "cls"}
+    )
 
 
 def _maybe_list_words(source: str) -> frozenset[str]:
