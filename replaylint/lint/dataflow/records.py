@@ -177,20 +177,11 @@ def _constructed(
     if fields is None or any(arg.star for arg in call.args):
         return None
     names = [name for name, _ in fields]
-    if isinstance(field, int):
-        if field >= len(names):
-            return None
-        field = names[field]
-    if field not in names or prov.index.assigns_attribute(field):
-        return None  # an instance may carry another value than the one it was built with
-    passed = keyword_arg(call, field)
-    if passed is not None:
-        return FieldValue(passed.value, site, "keyword")
-    position = names.index(field)
-    positional = positional_args(call)
-    if position < len(positional):
-        return FieldValue(positional[position].value, site, "positional")
-    default = fields[position][1]
+    passed = _passed(prov, names, call, field, site)
+    name = names[field] if isinstance(field, int) and field < len(names) else field
+    if passed is not None or name not in names or prov.index.assigns_attribute(str(name)):
+        return passed
+    default = fields[names.index(str(name))][1]
     if default is None:
         return None
     return FieldValue(default, Site((prov.index.module, cls), None), "default")
