@@ -305,7 +305,7 @@ def _floating(prov: Provenance, site: Site, value: cst.BaseExpression) -> bool:
 
 
 def guarded_class(cls: cst.ClassDef) -> bool:
-    """Whether ``cls`` is decorated with the guard or mixes it in."""
+    """Whether ``cls`` is decorated with the guard, mixes it in, or overrides ``_apply``."""
     decorated = any(
         GUARD
         in (

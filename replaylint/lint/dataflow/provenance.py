@@ -38,6 +38,7 @@ from replaylint.lint.dataflow import (
     loads,
     members,
     methods,
+    modules,
     operators,
     records,
     strings,
@@ -93,6 +94,7 @@ class Provenance:
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: collisions.MappingUses | None = field(default=None)
     _passed: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
+    _gate_buffers: dict[str, modules.GateBuffer] | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -519,6 +521,13 @@ class Provenance:
             self._passed[id(binding.node)] = None  # a call that passes the parameter on
             self._passed[id(binding.node)] = compute()
         return self._passed[id(binding.node)]
+
+    def gate_buffers(self) -> dict[str, modules.GateBuffer]:
+        """The module's unguarded classes that hold a floating gate buffer, by name (found once
+        for every rule that asks: module casts, assigning loads)."""
+        if self._gate_buffers is None:
+            self._gate_buffers = modules.gate_buffer_classes(self)
+        return self._gate_buffers
 
     def is_mapping(self, name: str, site: Site | None = None) -> bool:
         """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""

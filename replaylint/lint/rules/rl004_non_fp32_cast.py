@@ -6,7 +6,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
-from replaylint.lint.dataflow.modules import GUARD, ModuleCast, gate_buffer_classes, module_cast
+from replaylint.lint.dataflow.modules import GUARD, ModuleCast, module_cast
 from replaylint.lint.dataflow.submodules import (
     GateBufferHolders,
     gate_buffer_holders,
@@ -456,7 +456,7 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
             return
         prov = self.provenance
         if self._holders is None:
-            self._holders = gate_buffer_holders(prov, gate_buffer_classes(prov))
+            self._holders = gate_buffer_holders(prov, prov.gate_buffers())
         if not self._holders.buffers:
             return
         site = self.site()

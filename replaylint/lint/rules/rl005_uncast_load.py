@@ -6,7 +6,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
-from replaylint.lint.dataflow.modules import GateBuffer, assigning_load, gate_buffer_classes
+from replaylint.lint.dataflow.modules import GateBuffer, assigning_load
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -330,7 +330,7 @@ loaded value — device, shape, layout — changes.
         if method_name(node) != "load_state_dict":
             return
         if self._buffers is None:
-            self._buffers = gate_buffer_classes(self.provenance)
+            self._buffers = self.provenance.gate_buffers()
         if not self._buffers:
             return
         buffer = assigning_load(self.provenance, node, self.site(), self._buffers)
