@@ -13,29 +13,14 @@ from __future__ import annotations
 import collections
 import importlib.util
 import json
-import sys
 import textwrap
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_support import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "lint_accuracy.py"
-
-
-def _load() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("replaylint_lint_accuracy", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-acc = _load()
+acc = load_benchmark("lint_accuracy.py")
 
 # The builders run torch (and numpy) code; the minimum-versions run of tests/lint has neither.
 needs_torch = pytest.mark.skipif(

@@ -12,13 +12,12 @@ when asked: ``REPLAYLINT_REAL_TREES=1 pytest tests/lint/test_real_trees.py``. Se
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from benchmark_support import load_benchmark
 
 from replaylint.lint.engine import Linter
 from replaylint.lint.run.modules import RunModules
@@ -31,22 +30,10 @@ pytestmark = [
     ),
 ]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_trees.py"
-
-
-def _script() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("replaylint_real_trees", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def real_trees() -> types.ModuleType:
-    return _script()
+    return load_benchmark("real_trees.py")
 
 
 @pytest.fixture(scope="module")
