@@ -3,7 +3,10 @@
 The corpus in ``benchmarks/accuracy/`` holds small packages in six styles (vLLM, transformers,
 mamba_ssm, flash-linear-attention, TensorRT-LLM, sglang), in two halves with the same mix of
 bugs: ``dev/`` (may be read to improve the linter) and ``heldout/`` (never tuned on; reported
-separately as the estimate of how the linter generalises). Each half has a ``registry.json``.
+separately as the estimate of how the linter generalises). A third part, ``fresh/``, holds
+packages in six further projects' styles, written by authors who had not read the linter; its
+first measurement is a second unseen estimate, after which it is read like ``dev/``. Each part
+has a ``registry.json``.
 
 Labels are trailing comments on the buggy statements::
 
@@ -34,7 +37,7 @@ For each half this script:
 
 Usage::
 
-    python benchmarks/lint_accuracy.py [--half dev|heldout|both] [--json OUT] [--details]
+    python benchmarks/lint_accuracy.py [--half dev|heldout|fresh|all] [--json OUT] [--details]
 
 Exit status: 0, or 1 when the corpus itself is inconsistent (a registry entry whose observed
 gate dtypes contradict it, a builder that is not deterministic, a label that cannot be parsed).
@@ -62,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout")
+HALVES = ("dev", "heldout", "fresh")
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",
@@ -605,11 +608,11 @@ def environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--half", choices=[*HALVES, "both"], default="both")
+    parser.add_argument("--half", choices=[*HALVES, "all"], default="all")
     parser.add_argument("--json", type=Path, help="write every count and outcome to this file")
     parser.add_argument("--details", action="store_true", help="list missed and false findings")
     args = parser.parse_args(argv)
-    halves = HALVES if args.half == "both" else (args.half,)
+    halves = HALVES if args.half == "all" else (args.half,)
     results: list[HalfResult] = []
     with tempfile.TemporaryDirectory(prefix="replaylint-accuracy-") as folder:
         for half in halves:
