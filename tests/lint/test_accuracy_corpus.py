@@ -233,9 +233,7 @@ def test_the_halves_have_the_same_mix_and_the_fresh_part_the_same_categories() -
 
     assert mix("dev") == mix("heldout")
     categories = collections.Counter(category for _, category in mix("dev").elements())
-    assert categories == collections.Counter(
-        category for _, category in mix("fresh").elements()
-    )
+    assert categories == collections.Counter(category for _, category in mix("fresh").elements())
 
 
 def test_the_linted_copy_carries_no_label(tmp_path: Path) -> None:
