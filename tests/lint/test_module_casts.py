@@ -7,7 +7,10 @@ import textwrap
 
 import pytest
 
+from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS
+from replaylint.lint.model import Applicability
 
 # A layer that registers a float32 gate ring, and models that hold it in every supported form.
 _MODELS = """
@@ -293,10 +296,50 @@ def test_a_model_held_by_an_attribute_of_self_is_followed() -> None:
     assert row < first
 
 
-def test_a_module_cast_gives_no_fix() -> None:
+def test_a_module_cast_is_fixed_unsafely_by_protecting_the_gate_caches() -> None:
     text = _MODELS + "model = KimiModel(config).half()\n"
-    assert all(f.fix is None for f in Linter().check(text, "m.py"))
-    assert Linter().fix(text, "m.py", unsafe=True).source == text
+    fixes = [f.fix for f in Linter().check(text, "m.py") if f.fix is not None]
+    assert fixes and all(fix.applicability is Applicability.UNSAFE for fix in fixes)
+    assert Linter().fix(text, "m.py").source == text  # safe fixes only: untouched
+    fixed = Linter().fix(text, "m.py", unsafe=True).source
+    assert "\nimport replaylint.guards\nimport torch\n" in fixed
+    assert fixed.endswith(
+        "model = replaylint.guards.keep_fp32_gate_caches(KimiModel(config)).half()\n"
+    )
+
+
+def test_a_buffer_name_the_guard_does_not_know_is_passed_to_it() -> None:
+    # `decay_ring` is a gate cache by the project's configuration, which the guard cannot read
+    text = (
+        "import torch\nfrom torch import nn\n\n"
+        "class Rings(nn.Module):\n"
+        "    def __init__(self, n):\n"
+        "        super().__init__()\n"
+        '        self.register_buffer("decay_ring", torch.zeros(n, dtype=torch.float32))\n\n'
+        "rings = Rings(2).to(torch.bfloat16)\n"
+    )
+    settings = Settings(gate_cache_patterns=(*DEFAULT_GATE_CACHE_PATTERNS, "decay_ring"))
+    fixed = Linter(settings).fix(text, "m.py", unsafe=True).source
+    assert fixed.endswith(
+        "rings = replaylint.guards.keep_fp32_gate_caches(Rings(2), "
+        "extend_gate_cache_names=['decay_ring']).to(torch.bfloat16)\n"
+    )
+
+
+def test_a_cast_through_super_has_no_fix() -> None:
+    text = (
+        "import torch\nfrom torch import nn\n\n"
+        "class Rings(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.register_buffer("g_cache", torch.zeros(2, dtype=torch.float32))\n\n'
+        "    def to_wire(self):\n"
+        "        return super().half()\n\n"
+        "    def half(self):\n"
+        "        return self.to_wire()\n"
+    )
+    findings = [f for f in Linter().check(text, "m.py") if f.code == "RL004"]
+    assert all(f.fix is None for f in findings)
 
 
 def test_a_gate_buffer_registered_in_another_dtype_is_reported_once() -> None:

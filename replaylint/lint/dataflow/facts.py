@@ -103,6 +103,14 @@ class DeviceOfOther:
 
 
 @dataclass(frozen=True)
+class TypeAsDeviceOfOther:
+    """``node`` is ``x.type_as(other)``: make it ``x.to(other.device, float32)`` (unsafe: the
+    legacy tensor-type name ``type_as`` goes through carries no device index)."""
+
+    node: cst.Call
+
+
+@dataclass(frozen=True)
 class OverrideKwargsDtype:
     """``node`` is a ``**kwargs`` mapping whose ``dtype`` entry is not float32: override it."""
 
@@ -128,6 +136,7 @@ Float32Target = (
     | CastMethodToFloat
     | FloatTensorType
     | DeviceOfOther
+    | TypeAsDeviceOfOther
     | OverrideKwargsDtype
     | CastValue
     | AddDtypeArgument

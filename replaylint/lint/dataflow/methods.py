@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow import casts, loads, strings
-from replaylint.lint.dataflow.facts import CastMethodToFloat, CastValue, DtypeFact, Kind, TensorFact
+from replaylint.lint.dataflow.facts import (
+    CastMethodToFloat,
+    CastValue,
+    DtypeFact,
+    Kind,
+    TensorFact,
+    TypeAsDeviceOfOther,
+)
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
@@ -69,7 +76,13 @@ def method_facts(
         if args and prov.all_float32(prov.tensor_facts(args[0].value, site, env)):
             yield TensorFact(Kind.FLOAT32, call)
         else:
-            yield TensorFact(Kind.CAST, call, call=call, detail="`.type_as(...)`")
+            yield TensorFact(
+                Kind.CAST,
+                call,
+                call=call,
+                detail="`.type_as(...)`",
+                target=TypeAsDeviceOfOther(call) if len(args) == 1 else None,
+            )
         return
     if method == "clone":
         for fact in prov.tensor_facts(receiver, site, env):

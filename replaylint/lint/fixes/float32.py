@@ -21,6 +21,7 @@ from replaylint.lint.dataflow.facts import (
     FloatTensorType,
     OverrideKwargsDtype,
     SetDtype,
+    TypeAsDeviceOfOther,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.scopes import Binding, Scope
@@ -101,6 +102,19 @@ class Float32Spelling:
                 return None
             other_code = self.module.code_for_node(other)
             edit = Replace(target.node, f"{other_code}.device, {spelling}")
+        elif isinstance(target, TypeAsDeviceOfOther):
+            call = target.node
+            other = call.args[0].value
+            if not isinstance(call.func, cst.Attribute) or not isinstance(
+                other, (cst.Name, cst.Attribute, cst.Subscript)
+            ):
+                return None
+            other_code = self.module.code_for_node(other)
+            renamed = (
+                Replace(call.func.attr, "to"),
+                Replace(call.args[0], f"{other_code}.device, {spelling}"),
+            )
+            return (*renamed, *torch.imports), False
         elif isinstance(target, OverrideKwargsDtype):
             # A later key wins: float32 whatever the mapping holds.
             mapping = self.module.code_for_node(target.node)

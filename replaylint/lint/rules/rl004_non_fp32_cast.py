@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
 from replaylint.lint.dataflow.modules import GUARD, ModuleCast, module_cast
 from replaylint.lint.dataflow.submodules import (
     GateBufferHolders,
@@ -13,11 +15,13 @@ from replaylint.lint.dataflow.submodules import (
     guarded_instance,
     held_module_cast,
 )
+from replaylint.lint.fixes.drafts import AddModuleImport, FixDraft, Replace
 from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
-from replaylint.lint.syntax.nodes import method_name, one_line
+from replaylint.lint.syntax.nodes import dotted_name, method_name, one_line
 
 _MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "type"})
 
@@ -70,14 +74,19 @@ Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.doub
 `.type("torch.cuda.FloatTensor")`, and `.to(other)` becomes `.to(other.device, torch.float32)` (the
 same device move, float32 dtype). The fix is **safe**: the cast's result is the gate cache, and
 only its dtype changes, to the one the kernel requires; the device, `non_blocking`, `copy` and the
-dtype variable itself are untouched for every other use. `.type_as(other)` has no fix (it also
-changes the device type); rewrite it as `.to(other.device, torch.float32)`. `.to(**kw)` whose
-mapping carries a dtype becomes `.to(**{**kw, "dtype": torch.float32})`. `.view(torch.bfloat16)`
+dtype variable itself are untouched for every other use. `.type_as(other)` becomes
+`.to(other.device, torch.float32)` (**unsafe**: `type_as` goes through the legacy tensor-type
+name, which carries the device type but not its index, so with several GPUs the two may place the
+result differently). `.to(**kw)` whose mapping carries a dtype becomes `.to(**{**kw, "dtype": torch.float32})`. `.view(torch.bfloat16)`
 is reported without a fix: it reinterprets the bits of the buffer it aliases, so the values would
-change, not only their precision; allocate the gate cache as float32 instead. A module cast has no
-fix either (the other buffers and the parameters must follow the model dtype): guard the module
-with `replaylint.guards.keep_fp32_gate_caches`, which keeps its gate caches float32 through casts
-and state-dict loads; on the top-level model it protects every submodule's gate caches.
+change, not only their precision; allocate the gate cache as float32 instead. A module cast keeps
+its cast (the other buffers and the parameters must follow the model dtype) and protects the
+gate caches first: `model.half()` becomes `replaylint.guards.keep_fp32_gate_caches(model).half()`
+(with `import replaylint.guards`; a buffer whose name the default patterns miss is named with
+`extend_gate_cache_names=[...]`). That fix is **unsafe**: the module then imports replaylint (and
+torch) at run time, and the instance's class becomes a protected subclass of the same name, which
+also keeps its gate caches float32 through later casts and state-dict loads. Decorating the class
+with `@keep_fp32_gate_caches` does the same for every instance.
 """
         + FIX_SAFETY
     )
@@ -346,6 +355,22 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
                 pool.to(device, torch.bfloat16)
                 return pool
             """,
+            expected_fix="""
+            import replaylint.guards
+            import torch
+            from torch import nn
+
+            class MambaPool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def build(shape, device):
+                # the module cast converts the float32 gate buffer: reported where it is cast
+                pool = MambaPool(shape).to(device)
+                replaylint.guards.keep_fp32_gate_caches(pool).to(device, torch.bfloat16)
+                return pool
+            """,
             message_contains="keep_fp32_gate_caches",
         ),
         Invalid(
@@ -370,6 +395,19 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
 
             def build(shape):
                 return KimiDeltaCache(shape).half()
+            """,
+            expected_fix="""
+            import replaylint.guards
+            import torch
+            from torch import nn
+
+            class KimiDeltaCache(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
+
+            def build(shape):
+                return replaylint.guards.keep_fp32_gate_caches(KimiDeltaCache(shape)).half()
             """,
             message_contains="registered on line 7",
         ),
@@ -408,6 +446,29 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
                 model = model.to(torch.bfloat16)
                 return model
             """,
+            expected_fix="""
+            import replaylint.guards
+            import torch
+            from torch import nn
+
+            class KimiDeltaAttention(nn.Module):
+                def __init__(self, config, layer_idx):
+                    super().__init__()
+                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+
+            class KimiModel(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.layers = nn.ModuleList(
+                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+                    )
+
+            def load(config):
+                # the cast recurses into every layer: reported with the path to the buffer
+                model = KimiModel(config)
+                model = replaylint.guards.keep_fp32_gate_caches(model).to(torch.bfloat16)
+                return model
+            """,
             message_contains="`model.to(torch.bfloat16)` casts the gate buffer `replay_g_cache` "
             "of `KimiDeltaAttention` (registered on line 7), held by `KimiModel.layers`",
         ),
@@ -442,6 +503,37 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
             def fp16_inference(config):
                 return KimiForCausalLM.from_config(config).half()
             """,
+            expected_fix="""
+            import replaylint.guards
+            import torch
+            from torch import nn
+
+            class KDAMixer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
+
+            class DecoderLayer(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.mixer = KDAMixer(config)
+
+            class KimiForCausalLM(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    for i in range(config.num_layers):
+                        self.add_module(f"layer{i}", DecoderLayer(config))
+
+                @classmethod
+                def from_config(cls, config):
+                    return cls(config)
+
+            def to_model_dtype(model: KimiForCausalLM, config):
+                replaylint.guards.keep_fp32_gate_caches(model).to(config.torch_dtype)
+
+            def fp16_inference(config):
+                return replaylint.guards.keep_fp32_gate_caches(KimiForCausalLM.from_config(config)).half()
+            """,
             message_contains="held by `DecoderLayer.mixer`, itself held by "
             "`KimiForCausalLM.layer{i}`",
         ),
@@ -465,7 +557,9 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
         )
         if cast is None or guarded_instance(prov, node, site):
             return
-        self.report(node, self._module_cast_message(node, cast))
+        self.report(
+            node, self._module_cast_message(node, cast), fix=_module_cast_fix(self, node, cast)
+        )
 
     def _module_cast_message(self, node: cst.Call, cast: ModuleCast) -> str:
         literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
@@ -475,7 +569,7 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
         call = one_line(self.context.module, node)
         advice = (
             f"keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or call it "
-            "on the module after the cast)"
+            "on the module before the cast)"
         )
         if not cast.buffer.held_by or cast.buffer.module is None:
             return (
@@ -497,12 +591,15 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
             target = literal_names(literals) if literals else "a dtype that is not provably float32"
             # `.view(dtype)` reinterprets the bits of a buffer it aliases: a cast is no fix
             reinterpreted = fact.call is not None and method_name(fact.call) == "view"
+            message = (
+                "Cast to {float32} on the other tensor's device instead"
+                if isinstance(fact.target, TypeAsDeviceOfOther)
+                else "Cast to {float32} instead"
+            )
             fix = (
                 None
                 if reinterpreted
-                else self.fix_for(
-                    binding, fact, fact.target, "Cast to {float32} instead", Applicability.SAFE
-                )
+                else self.fix_for(binding, fact, fact.target, message, Applicability.SAFE)
             )
             self.report(
                 fact.node,
@@ -510,3 +607,31 @@ and state-dict loads; on the top-level model it protects every submodule's gate 
                 f"{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+
+_DEFAULT_NAMES = GateCacheNames(DEFAULT_GATE_CACHE_PATTERNS)
+_FORMATTED = re.compile(r"\{[^{}]*\}")
+
+
+def _module_cast_fix(rule: Rule, node: cst.Call, cast: ModuleCast) -> FixDraft | None:
+    """``guards.keep_fp32_gate_caches(model).half()``: the cast runs as before on everything but
+    the gate caches. Unsafe: the module then needs replaylint at run time, and the instance's
+    class becomes a protected subclass of the same name."""
+    func = node.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    receiver = func.value
+    if isinstance(receiver, cst.Call) and dotted_name(receiver.func) == "super":
+        return None
+    # the guard finds gate caches by name at run time, with the default patterns only
+    pattern = _FORMATTED.sub("*", cast.buffer.name)
+    extra = "" if _DEFAULT_NAMES.matches(pattern) else f", extend_gate_cache_names=[{pattern!r}]"
+    code = rule.context.module.code_for_node(receiver)
+    return FixDraft(
+        f"Keep its gate caches float32 through the cast with `replaylint.guards.{GUARD}`",
+        (
+            Replace(receiver, f"replaylint.guards.{GUARD}({code}{extra})"),
+            AddModuleImport("replaylint.guards"),
+        ),
+        Applicability.UNSAFE,
+    )
