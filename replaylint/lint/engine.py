@@ -23,6 +23,7 @@ from replaylint.lint.gatecache.learning import learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.model import Finding, SourceError
+from replaylint.lint.project.gate_buffers import MODULE_CAST_CALL, imports_gate_buffer_class
 from replaylint.lint.project.index import ProjectIndex, ProjectView
 from replaylint.lint.rules.base import Rule
 from replaylint.lint.rules.catalogue import RULE_NAMES
@@ -82,7 +83,11 @@ class Linter:
     def check(self, source: str, filename: str = "<stdin>") -> list[Finding]:
         """Findings in ``source``, noqa-suppressed ones removed, sorted by position."""
         rules = self.rules_for(filename)
-        if not rules or (self.prefilter and not self.relevance.may_hold_finding(source)):
+        if not rules or (
+            self.prefilter
+            and not self.relevance.may_hold_finding(source)
+            and not self._may_cast_an_imported_model(source, filename)
+        ):
             return []
         module = parse(source)
         view = ProjectView.of(self.project, filename) if self.project is not None else None
@@ -114,6 +119,17 @@ class Linter:
         findings = materialise(filename, module, context.positions, context.drafts, source)
         suppressions = parse_suppressions(source)
         return sorted((f for f in findings if not suppressions.suppresses(f)), key=Finding.sort_key)
+
+    def _may_cast_an_imported_model(self, source: str, filename: str) -> bool:
+        """A file that names no gate cache may still cast a model class of another module that
+        holds one (``model.half()``): it may hold a finding when it casts a module and imports
+        such a class."""
+        if self.project is None or MODULE_CAST_CALL.search(source) is None:
+            return False
+        module = self.project.module_of(filename)
+        if module is None:
+            return False
+        return imports_gate_buffer_class(self.project, self.gate_caches.matches, module)
 
     def noqa_notes(self, source: str, filename: str = "<stdin>") -> list[str]:
         """Warnings about ``# noqa`` comments that misfire: a blanket ``# noqa RL001`` (no

@@ -299,7 +299,8 @@ def test_a_model_held_by_an_attribute_of_self_is_followed() -> None:
 def test_a_module_cast_is_fixed_unsafely_by_protecting_the_gate_caches() -> None:
     text = _MODELS + "model = KimiModel(config).half()\n"
     fixes = [f.fix for f in Linter().check(text, "m.py") if f.fix is not None]
-    assert fixes and all(fix.applicability is Applicability.UNSAFE for fix in fixes)
+    assert fixes
+    assert all(fix.applicability is Applicability.UNSAFE for fix in fixes)
     assert Linter().fix(text, "m.py").source == text  # safe fixes only: untouched
     fixed = Linter().fix(text, "m.py", unsafe=True).source
     assert "\nimport replaylint.guards\nimport torch\n" in fixed

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from project_support import index_of, lint_in_project, write_tree
 
 from replaylint.lint.engine import Linter
 from replaylint.lint.model import Finding
@@ -15,34 +16,11 @@ from replaylint.lint.project.index import (
     External,
     Found,
     ModuleRef,
-    ProjectIndex,
     module_names,
 )
 from replaylint.lint.project.summaries import summarise
 
-
-def _tree(root: Path, files: dict[str, str]) -> list[Path]:
-    paths = []
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-        paths.append(path)
-    return paths
-
-
-def _index(paths: list[Path]) -> ProjectIndex:
-    def load(path: str) -> tuple[dict[str, object] | None, str]:
-        return summarise(Path(path).read_text(encoding="utf-8")), ""
-
-    return ProjectIndex(module_names(str(p) for p in paths), load)
-
-
-def _lint(root: Path, files: dict[str, str], target: str) -> list[Finding]:
-    paths = _tree(root, files)
-    linter = Linter(project=_index(paths))
-    path = root / target
-    return linter.check(path.read_text(encoding="utf-8"), str(path))
+_tree, _index, _lint = write_tree, index_of, lint_in_project
 
 
 def _codes(findings: list[Finding]) -> list[tuple[int, str]]:

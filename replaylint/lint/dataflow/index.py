@@ -7,6 +7,9 @@ is read — each computed on first use and kept for the file's other questions.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import libcst as cst
 
 from replaylint.lint.dataflow.imports import ImportTable
@@ -35,6 +38,7 @@ class ModuleIndex:
         self._withs: list[cst.With] | None = None
         self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
+        self._next: dict[int, cst.BaseStatement] | None = None
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
@@ -112,14 +116,25 @@ class ModuleIndex:
         assert self._assigned is not None
         return name in self._assigned or "*" in self._assigned
 
+    def next_statement(self, statement: cst.CSTNode | None) -> cst.BaseStatement | None:
+        """The statement that follows ``statement`` in its block, if any."""
+        if self._next is None:
+            self._collect()
+        assert self._next is not None
+        return None if statement is None else self._next.get(id(statement))
+
     def _collect(self) -> None:
         calls: dict[str, list[cst.Call]] = {}
         classes: list[cst.ClassDef] = []
         withs: list[cst.With] = []
         assigned: set[str] = set()
+        following: dict[int, cst.BaseStatement] = {}
         stack: list[cst.CSTNode] = [self.module]
         while stack:
             node = stack.pop()
+            if isinstance(node, (cst.Module, cst.IndentedBlock)):
+                body: Sequence[cst.BaseStatement] = node.body
+                following.update((id(a), b) for a, b in itertools.pairwise(body))
             if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)) and isinstance(
                 node.target, cst.Attribute
             ):
@@ -143,7 +158,7 @@ class ModuleIndex:
                 withs.append(node)
             stack.extend(reversed(syntax_children(node)))
         self._calls, self._classes, self._assigned = calls, classes, assigned
-        self._withs = withs
+        self._withs, self._next = withs, following
 
 
 def _call_sites(module: cst.Module) -> dict[int, Site]:

@@ -33,6 +33,7 @@ from replaylint.lint.dataflow.torch_api import (
     TENSOR_TYPE_DTYPES,
 )
 from replaylint.lint.gatecache.bindings import static_name
+from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
 from replaylint.lint.syntax.nodes import (
     binding_name,
     dotted_name,
@@ -48,6 +49,14 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 GUARD = "keep_fp32_gate_caches"
+_GUARD_NAMES = GateCacheNames(DEFAULT_GATE_CACHE_PATTERNS)
+
+
+def guard_knows(name: str) -> bool:
+    """Whether the guard finds a gate cache of this name at run time (its default patterns)."""
+    return _GUARD_NAMES.matches(name)
+
+
 _GUARD_MIXIN = "KeepFp32GateCaches"
 # methods of nn.Module that return the module itself, keeping what it holds
 _MODULE_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})

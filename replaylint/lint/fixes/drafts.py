@@ -31,13 +31,22 @@ class InsertAfter:
 
 
 @dataclass(frozen=True)
+class InsertLineAfter:
+    """Insert ``text`` as a line of its own after the line where ``node`` ends, indented like
+    the line where ``node`` starts (a trailing comment stays on ``node``'s line)."""
+
+    node: cst.CSTNode
+    text: str
+
+
+@dataclass(frozen=True)
 class AddModuleImport:
     """Insert ``import <module>`` at the top of the file, after docstring and __future__ imports."""
 
     module: str
 
 
-EditDraft = Replace | InsertAfter | AddModuleImport
+EditDraft = Replace | InsertAfter | InsertLineAfter | AddModuleImport
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ from replaylint.lint.fixes.drafts import (
     EditDraft,
     FindingDraft,
     InsertAfter,
+    InsertLineAfter,
     Replace,
 )
 from replaylint.lint.fixes.imports import import_anchor, import_edit
-from replaylint.lint.model import Edit, Finding, Fix, LineIndex, Location
+from replaylint.lint.model import Edit, Finding, Fix, LineIndex, Location, newline_of
 from replaylint.lint.syntax.positions import NodePositions
 
 
@@ -61,7 +62,7 @@ def _nodes_to_locate(module: cst.Module, drafts: Sequence[FindingDraft]) -> list
     for draft in drafts:
         nodes.append(draft.node)
         for edit in draft.fix.edits if draft.fix is not None else ():
-            if isinstance(edit, (Replace, InsertAfter)):
+            if isinstance(edit, (Replace, InsertAfter, InsertLineAfter)):
                 nodes.append(edit.node)
             elif (statement := import_anchor(module)) is not None:
                 nodes.append(statement)
@@ -91,5 +92,16 @@ def _edit(module: cst.Module, edit: EditDraft, positions: NodePositions, index: 
         end = positions.span(edit.node).end
         point = Location(end.line, end.column + 1)
         return Edit(point, point, edit.text)
+    if isinstance(edit, InsertLineAfter):
+        span = positions.span(edit.node)
+        first = index.line(span.start.line)
+        indent = first[: len(first) - len(first.lstrip(" \t"))]
+        newline = newline_of(index.source)
+        line = f"{indent}{edit.text}{newline}"
+        if span.end.line >= len(index.starts):  # the last line, with no line break after it
+            last = index.end()
+            return Edit(last, last, newline + line)
+        point = Location(span.end.line + 1, 1)
+        return Edit(point, point, line)
     assert isinstance(edit, AddModuleImport)
     return import_edit(module, edit.module, positions, index)

@@ -24,10 +24,13 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from replaylint.lint.project.module_facts import module_facts
+
 Value = list[Any]
 """A summary value (see the module docstring)."""
 Definition = list[Any]
 """``["value", line, v]``, ``["function", line, params, v]``, ``["class", line, members, flags]``
+(``flags["module"]``: :func:`~replaylint.lint.project.module_facts.module_facts`)
 or ``["unknown", line]``."""
 Summary = dict[str, Any]
 """``{"names": {name: Definition}, "assigned": [attribute, ...], "lists": [attribute, ...],
@@ -302,6 +305,8 @@ class _Summariser:
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
         flags["fields"] = _positional_fields(cls) if flags["record"] else None
+        if cls.bases:  # maybe an nn.Module: what a module cast of it converts
+            flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
         return ["class", cls.lineno, members, flags]
 
     def _member_value(self, node: ast.expr) -> Value:

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
-from replaylint.lint.dataflow.modules import GUARD, ModuleCast, module_cast
+from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
+from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.submodules import (
     GateBufferHolders,
     gate_buffer_holders,
     guarded_instance,
     held_module_cast,
 )
-from replaylint.lint.fixes.drafts import AddModuleImport, FixDraft, Replace
+from replaylint.lint.fixes.guard import protect_before_cast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
-from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import FIX_SAFETY, WHY, literal_names, through
-from replaylint.lint.syntax.nodes import dotted_name, method_name, one_line
+from replaylint.lint.rules.wording import (
+    FIX_SAFETY,
+    WHY,
+    imported_cast_message,
+    literal_names,
+    module_cast_message,
+    through,
+)
+from replaylint.lint.syntax.nodes import method_name
 
 _MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "type"})
 
@@ -549,39 +554,23 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         prov = self.provenance
         if self._holders is None:
             self._holders = gate_buffer_holders(prov, prov.gate_buffers())
-        if not self._holders.buffers:
-            return
-        site = self.site()
-        cast = module_cast(prov, node, site, self._holders.buffers) or held_module_cast(
-            prov, node, site, self._holders
-        )
-        if cast is None or guarded_instance(prov, node, site):
-            return
-        self.report(
-            node, self._module_cast_message(node, cast), fix=_module_cast_fix(self, node, cast)
-        )
-
-    def _module_cast_message(self, node: cst.Call, cast: ModuleCast) -> str:
-        literals = sorted({d.dtype for d in cast.dtypes if d.dtype is not None})
-        target = literal_names(literals) if literals else "a dtype that is not provably float32"
-        owner = cast.buffer.cls.name.value
-        line = self.context.line_of(cast.buffer.node)
-        call = one_line(self.context.module, node)
-        advice = (
-            f"keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or call it "
-            "on the module before the cast)"
-        )
-        if not cast.buffer.held_by or cast.buffer.module is None:
-            return (
-                f"`{call}` casts every floating buffer of `{owner}` to {target}, its gate cache "
-                f"`{cast.buffer.name}` (registered on line {line}) included; {WHY}; {advice}"
+        site, module = self.site(), self.context.module
+        if self._holders.buffers:
+            cast = module_cast(prov, node, site, self._holders.buffers) or held_module_cast(
+                prov, node, site, self._holders
             )
-        held_by = ", itself held by ".join(f"`{path}`" for path in reversed(cast.buffer.held_by))
-        return (
-            f"`{call}` casts the gate buffer `{cast.buffer.name}` of "
-            f"`{cast.buffer.module.name.value}` (registered on line {line}), held by {held_by}, "
-            f"to {target} with every other floating buffer of `{owner}`; {WHY}; {advice}"
-        )
+            if cast is not None:
+                if not guarded_instance(prov, node, site):
+                    fix = protect_before_cast(module, node, cast.buffer.name)
+                    self.report(node, module_cast_message(self.context, node, cast), fix=fix)
+                return
+        if prov.project is not None and isinstance(node.func, cst.Attribute):
+            dtypes = module_cast_dtypes(prov, node, site)
+            imported = None if dtypes is None else imported_gate_buffer(prov, node.func.value, site)
+            if dtypes is None or imported is None or guarded_instance(prov, node, site):
+                return
+            message = imported_cast_message(module, node, imported, dtypes)
+            self.report(node, message, fix=protect_before_cast(module, node, imported.name))
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
@@ -607,31 +596,3 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                 f"{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
-
-
-_DEFAULT_NAMES = GateCacheNames(DEFAULT_GATE_CACHE_PATTERNS)
-_FORMATTED = re.compile(r"\{[^{}]*\}")
-
-
-def _module_cast_fix(rule: Rule, node: cst.Call, cast: ModuleCast) -> FixDraft | None:
-    """``guards.keep_fp32_gate_caches(model).half()``: the cast runs as before on everything but
-    the gate caches. Unsafe: the module then needs replaylint at run time, and the instance's
-    class becomes a protected subclass of the same name."""
-    func = node.func
-    if not isinstance(func, cst.Attribute):
-        return None
-    receiver = func.value
-    if isinstance(receiver, cst.Call) and dotted_name(receiver.func) == "super":
-        return None
-    # the guard finds gate caches by name at run time, with the default patterns only
-    pattern = _FORMATTED.sub("*", cast.buffer.name)
-    extra = "" if _DEFAULT_NAMES.matches(pattern) else f", extend_gate_cache_names=[{pattern!r}]"
-    code = rule.context.module.code_for_node(receiver)
-    return FixDraft(
-        f"Keep its gate caches float32 through the cast with `replaylint.guards.{GUARD}`",
-        (
-            Replace(receiver, f"replaylint.guards.{GUARD}({code}{extra})"),
-            AddModuleImport("replaylint.guards"),
-        ),
-        Applicability.UNSAFE,
-    )

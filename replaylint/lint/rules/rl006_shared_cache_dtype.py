@@ -8,12 +8,14 @@ from dataclasses import dataclass
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import AddDtypeArgument, DtypeFact, Kind, SetDtype, TensorFact
+from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.dataflow.strings import Iteration
-from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
+from replaylint.lint.fixes.conditional import conditional_fix
+from replaylint.lint.fixes.drafts import FixDraft, InsertAfter, Replace
 from replaylint.lint.fixes.float32 import TorchSpelling
+from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -74,7 +76,11 @@ gate-cache call passes `torch.float32` for the helper's dtype parameter, when th
 only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
 dtype expression it had, and only the gate cache changes, to float32. Otherwise — `.half()` in a
 loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
-targets — the finding says what to change and has no fix.
+targets — the finding says what to change and has no fix, with one exception: a gate cache
+unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`, `dtype` and
+`device` given) is made again on the next line,
+`g_cache = torch.zeros_like(g_cache, dtype=torch.float32)`: same shape, device and values, float32.
+That fix is **unsafe**: for a moment the gate ring is allocated twice.
 """
     FIX_APPLICABILITY = Applicability.SAFE
 
@@ -221,7 +227,11 @@ targets — the finding says what to change and has no fix.
             import torch
             d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
             """,
-            expected_fix=None,
+            expected_fix="""
+            import torch
+            d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
+            g_cache = torch.zeros_like(g_cache, dtype=torch.float32)
+            """,
             message_contains="one comprehension",
         ),
     )
@@ -322,6 +332,7 @@ targets — the finding says what to change and has no fix.
         loop: _Loop,
         variable: str | None,
         gate_envs: list[tuple[str, Iteration]],
+        unconditional: FixDraft | None = None,
     ) -> None:
         if id(fact.node) in self._reported:
             return
@@ -339,29 +350,11 @@ targets — the finding says what to change and has no fix.
             fact.node,
             f"{subject} is {_what(fact)} by a {loop.word} over `{iterable}` that gives every "
             f"cache {_shared(self, fact)}; {WHY}",
-            fix=None if condition is None else self._conditional_fix(fact, condition),
-        )
-
-    def _conditional_fix(self, fact: TensorFact, condition: str) -> FixDraft | None:
-        target = fact.target
-        torch = self.context.spelling.torch_at(self.site())
-        if torch is None:
-            return None
-        spelling, imports = torch.attribute("float32"), torch.imports
-        edit: EditDraft
-        if isinstance(target, SetDtype):
-            original = one_line(self.context.module, target.node, 10_000)
-            if isinstance(target.node, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
-                original = f"({original})"
-            edit = Replace(target.node, f"{spelling} if {condition} else {original}")
-        elif isinstance(target, AddDtypeArgument):
-            if not target.node.args:
-                return None
-            edit = InsertAfter(target.node.args[-1], f", dtype={spelling} if {condition} else None")
-        else:
-            return None
-        return FixDraft(
-            f"Use {spelling} for the gate cache only", (edit, *imports), _applicability(torch)
+            fix=unconditional
+            if condition is None
+            else conditional_fix(
+                self.context.module, self.context.spelling.torch_at(self.site()), fact, condition
+            ),
         )
 
     # ------------------------------------------------------- several targets, one dtype
@@ -386,15 +379,20 @@ targets — the finding says what to change and has no fix.
         loop = _Loop(for_in.target, for_in.iter, site, "comprehension", for_in.ifs)
         iterations = self._iterations(loop)
         for index, element, name in positions:
+            if reallocates(self.context.index, site.statement, element):
+                continue
             subject = self._subject(element, name)
             if iterations is not None and len(iterations) == len(target.elements):
                 env = iterations[index]
                 variable = _condition_variable(for_in.target, [env])
-                for fact in self.provenance.tensor_facts(comprehension.elt, site, env):
+                facts = self.provenance.tensor_facts(comprehension.elt, site, env)
+                again = self._reallocation(comprehension.elt, element)
+                for fact in facts:
                     if fact.kind in _REPORTED:
-                        self._report_loop(fact, subject, loop, variable, [(name, env)])
+                        self._report_loop(fact, subject, loop, variable, [(name, env)], again)
                 continue
-            for fact in self.provenance.tensor_facts(comprehension.elt, site):
+            facts = self.provenance.tensor_facts(comprehension.elt, site)
+            for fact in facts:
                 if fact.kind in _REPORTED and id(fact.node) not in self._reported:
                     self._reported.add(id(fact.node))
                     self.report(
@@ -402,7 +400,15 @@ targets — the finding says what to change and has no fix.
                         f"{subject} is unpacked from one comprehension that gives "
                         f"every cache {_shared(self, fact)}; allocate the gate cache on its own "
                         f"line as float32 ({WHY})",
+                        fix=self._reallocation(comprehension.elt, element),
                     )
+
+    def _reallocation(
+        self, allocation: cst.BaseExpression, target: cst.BaseExpression
+    ) -> FixDraft | None:
+        torch = self.context.spelling.torch_at(self.site())
+        statement = self.site().statement
+        return reallocation_fix(self.context.index, torch, statement, allocation, target)
 
     def _subject(self, target: cst.BaseExpression, name: str) -> str:
         display = self.context.module.code_for_node(target).strip()

@@ -8,6 +8,8 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import DtypeFact, TensorFact
+from replaylint.lint.dataflow.imported_modules import ImportedGateBuffer
+from replaylint.lint.dataflow.modules import GUARD, ModuleCast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import one_line
@@ -129,4 +131,54 @@ def is_spread(fact: TensorFact) -> bool:
     allocation = fact.allocation
     return allocation is not None and any(
         arg.star == "**" and arg.value is fact.node for arg in allocation.call.args
+    )
+
+
+# ------------------------------------------------------------------ module casts (RL004)
+def _cast_target(dtypes: tuple[DtypeFact, ...]) -> str:
+    literals = sorted({d.dtype for d in dtypes if d.dtype is not None})
+    return literal_names(literals) if literals else "a dtype that is not provably float32"
+
+
+def _guard_advice(owner: str) -> str:
+    return (
+        f"keep it float32 with `replaylint.guards.{GUARD}` (decorate `{owner}`, or call it "
+        "on the module before the cast)"
+    )
+
+
+def module_cast_message(context: FileContext, call: cst.Call, cast: ModuleCast) -> str:
+    """A cast of a module class of this module that holds a gate buffer."""
+    module, line = context.module, context.line_of(cast.buffer.node)
+    target = _cast_target(cast.dtypes)
+    owner = cast.buffer.cls.name.value
+    written = one_line(module, call)
+    advice = _guard_advice(owner)
+    if not cast.buffer.held_by or cast.buffer.module is None:
+        return (
+            f"`{written}` casts every floating buffer of `{owner}` to {target}, its gate cache "
+            f"`{cast.buffer.name}` (registered on line {line}) included; {WHY}; {advice}"
+        )
+    held_by = ", itself held by ".join(f"`{path}`" for path in reversed(cast.buffer.held_by))
+    return (
+        f"`{written}` casts the gate buffer `{cast.buffer.name}` of "
+        f"`{cast.buffer.module.name.value}` (registered on line {line}), held by {held_by}, "
+        f"to {target} with every other floating buffer of `{owner}`; {WHY}; {advice}"
+    )
+
+
+def imported_cast_message(
+    module: cst.Module, call: cst.Call, buffer: ImportedGateBuffer, dtypes: tuple[DtypeFact, ...]
+) -> str:
+    """A cast of a module class of another module of the project."""
+    where = f"{buffer.origin.path}:{buffer.origin.line}"
+    held = (
+        ", held by " + ", itself held by ".join(f"`{p}`" for p in reversed(buffer.held_by)) + ","
+        if buffer.held_by
+        else ""
+    )
+    return (
+        f"`{one_line(module, call)}` casts the gate buffer `{buffer.name}` of `{buffer.owner}` "
+        f"(registered at {where}){held} to {_cast_target(dtypes)} with every other floating "
+        f"buffer of `{buffer.cls}`; {WHY}; {_guard_advice(buffer.cls)}"
     )

@@ -356,6 +356,35 @@ def _rescan_for_learned_names(
         info.stage_one, info.candidate = _classify(scanner.relevance, raw)
 
 
+def _rescan_for_model_casts(
+    known: dict[Path, _File],
+    linted: set[Path],
+    modules: RunModules,
+    names: GateCacheNames,
+    jobs: int,
+) -> None:
+    """Files ruled out so far that may cast a model class holding a gate buffer are analysed
+    (:mod:`replaylint.lint.run.model_classes`); nothing is read when no file read in this run
+    names a gate cache."""
+    naming = [info.item.path for info in known.values() if info.scanned and info.stage_one]
+    if not naming:
+        return
+    others = [info.item.path for info in known.values() if info.scanned and not info.stage_one]
+    if not any(path in linted for path in others):
+        return
+    from replaylint.lint.run.model_classes import model_casting_files
+
+    def read(path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    for path in model_casting_files(modules.index, names, naming, others, jobs, read):
+        if path in linted:
+            known[path].candidate = True
+
+
 def _merge_learned(
     items: Sequence[Discovered], known: dict[Path, _File], names: GateCacheNames
 ) -> dict[str, LearnedFrom]:
@@ -412,6 +441,8 @@ def lint_many(
         return {os.path.abspath(i.key): i.digest for i in known.values() if i.digest}
 
     modules = RunModules([item.path for item in teachers], digests, cache)
+    if prefilter:
+        _rescan_for_model_casts(known, linted, modules, names, jobs)
 
     reports: dict[Path, FileReport] = {}
     to_lint: list[_LintJob] = []

@@ -1,0 +1,139 @@
+"""Module casts of model classes that another module of the project defines.
+
+``loader.py`` writes ``model = KimiModel.from_pretrained(path); model.half()`` or
+``def prepare(model: KimiModel): model.to(torch.bfloat16)`` with ``KimiModel`` imported from
+``modeling.py``. Through the project index the receiver's class is found in its module, and
+that class's summary (:mod:`replaylint.lint.project.module_facts`) says whether it, a base class
+or a part it builds (``self.layers = nn.ModuleList([KimiDeltaAttention(...)])``, in any module of
+the project, at any depth) registers a floating gate buffer. A class on the way that decides
+itself what casts do (guarded, or overriding a cast method) stops the search: nothing is
+reported. The receiver must be understood in every way it may have been made: built by calling
+the class or one of its inherited constructors (``from_pretrained``, ``from_config``), returned
+by a function of the project whose result is such a call, a local bound only to those, or a
+parameter annotated with the class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.imported import MALFORMED, as_value
+from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.project.gate_buffers import ImportedGateBuffer, class_gate_buffer, class_value
+from replaylint.lint.project.index import Found
+from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.nodes import dotted_name, literal_string
+from replaylint.lint.syntax.sites import Site
+
+__all__ = ["ImportedGateBuffer", "imported_gate_buffer"]
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+_MAX_DEPTH = 6
+_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
+_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
+
+
+def imported_gate_buffer(
+    prov: Provenance, receiver: cst.BaseExpression, site: Site
+) -> ImportedGateBuffer | None:
+    """The gate buffer a module cast of ``receiver`` converts, when ``receiver`` is certainly an
+    instance of a class of another module of the project that holds one; None otherwise."""
+    if prov.project is None:
+        return None
+    try:
+        found = _instance(prov, receiver, site, 0)
+        return (
+            None
+            if found is None
+            else class_gate_buffer(prov.project.index, prov.index.gate_caches.matches, found)
+        )
+    except MALFORMED:
+        return None
+
+
+# ------------------------------------------------------------------ what the receiver is
+def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> Found | None:
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(expr, cst.Call):
+        func = expr.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _CHAIN:
+            return _instance(prov, func.value, site, depth + 1)
+        if isinstance(func, cst.Attribute) and func.attr.value in _CONSTRUCTORS:
+            return _class(prov, func.value, site)
+        made = _class(prov, func, site)
+        if made is not None:
+            return made
+        return _returned_class(prov, func, site)
+    if isinstance(expr, cst.Name):
+        found = prov.lookup(expr.value, site)
+        if not found:
+            return None
+        classes: list[Found | None] = []
+        for binding, binding_site in found:
+            if binding.kind == "assign" and binding.value is not None:
+                classes.append(_instance(prov, binding.value, binding_site, depth + 1))
+            elif binding.kind == "param" and isinstance(binding.node, cst.Param):
+                annotation = binding.node.annotation
+                classes.append(
+                    None if annotation is None else _annotated(prov, annotation, binding_site)
+                )
+            else:
+                classes.append(None)
+        if classes and all(c is not None for c in classes):
+            return classes[0]
+    return None
+
+
+def _class(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Found | None:
+    """The project class ``expr`` (an imported name, or an attribute of an imported module)
+    denotes."""
+    value = as_value(prov, expr, site, NO_ENV)
+    if value is None or value[0] != "ref" or prov.project is None:
+        return None
+    target = prov.project.resolve(str(value[2]))
+    return target if isinstance(target, Found) and target.definition[0] == "class" else None
+
+
+def _returned_class(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:
+    """The class a project function returns an instance of: ``return KimiModel(config)``."""
+    value = as_value(prov, func, site, NO_ENV)
+    if value is None or value[0] != "ref" or prov.project is None:
+        return None
+    target = prov.project.resolve(str(value[2]))
+    if not isinstance(target, Found) or target.definition[0] != "function":
+        return None
+    result: Value = target.definition[3]
+    if result[0] != "call":
+        return None
+    callee: Value = result[1]
+    if callee[0] == "attr" and callee[2] in _CONSTRUCTORS:
+        callee = callee[1]
+    return class_value(prov.project.index, target.module, callee)
+
+
+def _annotated(prov: Provenance, annotation: cst.Annotation, site: Site) -> Found | None:
+    """``model: KimiModel``, ``"KimiModel"``, ``Optional[KimiModel]``, ``KimiModel | None``."""
+    node: cst.BaseExpression = annotation.annotation
+    for _ in range(3):
+        text = literal_string(node)
+        if text is not None:
+            try:
+                node = cst.parse_expression(text)
+            except cst.ParserSyntaxError:
+                return None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+            parts = [p for p in (node.left, node.right) if dotted_name(p) != "None"]
+            node = parts[0] if len(parts) == 1 else node
+        if (
+            isinstance(node, cst.Subscript)
+            and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
+            and len(node.slice) == 1
+            and isinstance(node.slice[0].slice, cst.Index)
+        ):
+            node = node.slice[0].slice.value
+    return _class(prov, node, site) if isinstance(node, (cst.Name, cst.Attribute)) else None

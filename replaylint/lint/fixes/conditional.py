@@ -1,0 +1,43 @@
+"""The fix for one dtype shared by every cache of a loop over cache names: float32 for the gate
+cache only.
+
+``for name in ("d_cache", "k_cache", "g_cache"): ... torch.zeros(shape, dtype=dtype)`` gets
+``dtype=torch.float32 if name == "g_cache" else dtype`` (or ``dtype=torch.float32 if ... else
+None`` where no dtype was given: ``None`` keeps the old behaviour for the other caches).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import AddDtypeArgument, SetDtype, TensorFact
+from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
+from replaylint.lint.fixes.float32 import TorchSpelling
+from replaylint.lint.model import Applicability
+from replaylint.lint.syntax.nodes import one_line
+
+
+def conditional_fix(
+    module: cst.Module, torch: TorchSpelling | None, fact: TensorFact, condition: str
+) -> FixDraft | None:
+    """Float32 where ``condition`` (``name == "g_cache"``) holds, the old dtype elsewhere; None
+    when ``fact`` says no dtype expression to change or torch cannot be spelled there."""
+    target = fact.target
+    if torch is None:
+        return None
+    spelling = torch.attribute("float32")
+    edit: EditDraft
+    if isinstance(target, SetDtype):
+        original = one_line(module, target.node, 10_000)
+        if isinstance(target.node, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+            original = f"({original})"
+        edit = Replace(target.node, f"{spelling} if {condition} else {original}")
+    elif isinstance(target, AddDtypeArgument) and target.node.args:
+        edit = InsertAfter(target.node.args[-1], f", dtype={spelling} if {condition} else None")
+    else:
+        return None
+    # safe, unless spelling float32 needs an import the module did not need before
+    applicability = Applicability.SAFE if torch.safe else Applicability.UNSAFE
+    return FixDraft(
+        f"Use {spelling} for the gate cache only", (edit, *torch.imports), applicability
+    )

@@ -1,0 +1,124 @@
+"""Which project classes hold a gate buffer that a module cast converts, from their summaries.
+
+A class's summary (:mod:`replaylint.lint.project.module_facts`) lists the buffers its methods
+register, its base classes and the classes it builds into its attributes. A cast of an instance
+converts a floating gate buffer that the class, a base class or a part (at any depth, in any
+module of the project) registers, unless a class on the way decides itself what casts do
+(guarded, or overriding a cast method), which stops the search.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from replaylint.lint.project.index import Found, Origin, ProjectIndex
+from replaylint.lint.project.summaries import Value
+
+_MAX_DEPTH = 6
+MALFORMED = (IndexError, KeyError, TypeError, ValueError, AttributeError)
+MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
+"""Text that may be a module cast: a file without it casts no model."""
+
+Matches = Callable[[str], bool]
+"""Whether a name is a gate cache's."""
+
+
+@dataclass(frozen=True)
+class ImportedGateBuffer:
+    """A gate buffer that a cast of an instance of ``cls`` converts."""
+
+    cls: str
+    """The class of the instance cast."""
+    name: str
+    """The buffer's name as registered (an f-string as written)."""
+    owner: str
+    """The class that registers it."""
+    origin: Origin
+    """Where it is registered."""
+    held_by: tuple[str, ...] = ()
+    """The attributes that hold the registering class's instance, outermost first."""
+
+
+def class_gate_buffer(
+    index: ProjectIndex, matches: Matches, found: Found
+) -> ImportedGateBuffer | None:
+    """The gate buffer (one of ``names``) that a cast of an instance of the project class
+    ``found`` converts; None when there is none or a class on the way keeps it float32."""
+    try:
+        return _gate_buffer(index, matches, found, 0, set())
+    except MALFORMED:
+        return None
+
+
+def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str) -> bool:
+    """Whether ``module`` imports (``from x import Y``) a project class that holds a gate buffer:
+    the pre-filter's question for a file that mentions no gate cache but may cast a model."""
+    summary = index.summary(module)
+    for spec, name in summary["imports"] if summary is not None else ():
+        if name is None:
+            continue
+        target = index.value_target(module, ["ref", spec, name], (), 0)
+        if (
+            isinstance(target, Found)
+            and target.definition[0] == "class"
+            and class_gate_buffer(index, matches, target) is not None
+        ):
+            return True
+    return False
+
+
+def class_value(index: ProjectIndex, module: str, value: Value) -> Found | None:
+    """The project class a summary value of ``module`` names."""
+    target = index.value_target(module, value, (), 0)
+    return target if isinstance(target, Found) and target.definition[0] == "class" else None
+
+
+def _facts(found: Found) -> dict[str, Any] | None:
+    facts = found.definition[3].get("module")
+    return facts if isinstance(facts, dict) else None
+
+
+def _gate_buffer(
+    index: ProjectIndex,
+    matches: Matches,
+    found: Found,
+    depth: int,
+    seen: set[tuple[str, str]],
+) -> ImportedGateBuffer | None:
+    key = (found.module, found.name)
+    facts = _facts(found)
+    if depth > _MAX_DEPTH or key in seen or facts is None or facts["keeps"]:
+        return None
+    seen.add(key)
+    path = index.path_of(found.module)
+    for name, line in facts["buffers"]:
+        if matches(re.sub(r"\{[^}]*\}", "0", str(name))):
+            return ImportedGateBuffer(found.name, str(name), found.name, Origin(name, path, line))
+    for base in facts["bases"]:
+        parent = class_value(index, found.module, base)
+        if parent is None:
+            continue
+        parent_facts = _facts(parent)
+        if parent_facts is not None and parent_facts["keeps"]:
+            return None  # a guarded base keeps what it and its subclasses hold float32
+        inherited = _gate_buffer(index, matches, parent, depth + 1, seen)
+        if inherited is not None:
+            return ImportedGateBuffer(
+                found.name, inherited.name, inherited.owner, inherited.origin, inherited.held_by
+            )
+    for attribute, callees in facts["holds"]:
+        for callee in callees:
+            part = class_value(index, found.module, callee)
+            held = None if part is None else _gate_buffer(index, matches, part, depth + 1, seen)
+            if held is not None:
+                return ImportedGateBuffer(
+                    found.name,
+                    held.name,
+                    held.owner,
+                    held.origin,
+                    (f"{found.name}.{attribute}", *held.held_by),
+                )
+    return None

@@ -1,0 +1,158 @@
+"""What a class of a project module tells importers about module casts: its buffers and parts.
+
+A model class defined in ``modeling.py`` and cast in ``loader.py`` (``model.half()``) converts
+every floating buffer it holds, gate caches included. For the importer to see that, the summary
+of a class with base classes records, from the class's own text (``ast``, no evaluation):
+
+``buffers``
+    ``[[name, line], ...]``: buffers its methods register (``register_buffer("g_cache", ...)``,
+    ``register_buffer(f"g_cache_{i}", ...)`` named as written, ``self.g_cache = nn.Buffer(...)``)
+    whose value may be a floating tensor (not ``None``, not an integer or bool dtype, not already
+    another floating dtype than float32, which the defining module reports where it registers it);
+``holds``
+    ``[[attribute, [callee, ...]], ...]``: what its methods build into attributes of ``self``
+    (``self.layers = nn.ModuleList([Layer(...) for ...])``, ``add_module(f"layer{i}", Layer())``,
+    ``self.blocks.append(Block())``); every callee is kept as a summary value, and the importer
+    keeps only those that resolve to classes of the project;
+``bases``
+    the base classes as summary values;
+``keeps``
+    whether the class decides itself what a cast does to its buffers: decorated with
+    ``keep_fp32_gate_caches``, mixing in ``KeepFp32GateCaches``, or overriding ``_apply``, ``to``,
+    ``half``, ``bfloat16``, ``float``, ``double`` or ``type`` (an importer then reports nothing:
+    the override is not read across modules, so it is trusted).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from typing import Any
+
+Value = list[Any]
+
+_KEEPING_METHODS = frozenset({"_apply", "to", "half", "bfloat16", "float", "double", "type"})
+_NOT_FLOAT32 = frozenset(
+    {"int8", "int16", "int32", "int64", "uint8", "long", "int", "short", "bool"}
+    | {"bfloat16", "float16", "half", "float64", "double", "complex64", "complex128"}
+)
+_ADDING = frozenset({"append", "extend", "insert"})
+_MAX_CALLEES = 32  # per attribute: a longer list is no model's structure
+
+
+def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> dict[str, Any]:
+    """The module-cast facts of ``cls`` (see the module docstring); ``value_of`` turns an
+    expression of the module into a summary value."""
+    buffers: list[list[Any]] = []
+    holds: dict[str, list[Value]] = {}
+
+    def hold(attribute: str, expr: ast.expr) -> None:
+        callees = holds.setdefault(attribute, [])
+        for node in ast.walk(expr):
+            if len(callees) >= _MAX_CALLEES:
+                return
+            if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+                callees.append(value_of(node.func))
+
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, args = node.func.attr, node.args
+            if method == "register_buffer" and len(args) >= 2:
+                name = _written_name(args[0])
+                if name is not None and _may_be_float32(args[1]):
+                    buffers.append([name, node.lineno])
+            elif method == "add_module" and len(args) == 2:
+                name = _written_name(args[0])
+                if name is not None:
+                    hold(name, args[1])
+            elif method in _ADDING and args and _self_attribute(node.func.value) is not None:
+                hold(str(_self_attribute(node.func.value)), args[-1])
+        elif isinstance(node, ast.Call) and _is_name(node.func, "setattr") and len(node.args) == 3:
+            name = _written_name(node.args[1])
+            if _self_attribute_base(node.args[0]) and name is not None:
+                hold(name, node.args[2])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                attribute = _self_attribute(target)
+                if attribute is None:
+                    continue
+                value = node.value
+                if (
+                    isinstance(value, ast.Call)
+                    and _dotted(value.func).rpartition(".")[2] == "Buffer"
+                    and value.args
+                    and _may_be_float32(value.args[0])
+                ):
+                    buffers.append([attribute, node.lineno])
+                else:
+                    hold(attribute, value)
+    return {
+        "buffers": buffers,
+        "holds": [[attribute, callees] for attribute, callees in holds.items() if callees],
+        "bases": [value_of(base) for base in cls.bases],
+        "keeps": _keeps(cls),
+    }
+
+
+def _keeps(cls: ast.ClassDef) -> bool:
+    decorated = any(
+        "keep_fp32_gate_caches" in _dotted(d.func if isinstance(d, ast.Call) else d)
+        for d in cls.decorator_list
+    )
+    mixin = any(_dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
+    overrides = any(
+        isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in _KEEPING_METHODS
+        for s in cls.body
+    )
+    return decorated or mixin or overrides
+
+
+def _may_be_float32(value: ast.expr) -> bool:
+    """Whether a registered value may be a float32 tensor: not ``None``, and not allocated with
+    a dtype that is an integer, bool or another floating type."""
+    if isinstance(value, ast.Constant) and value.value is None:
+        return False
+    if isinstance(value, ast.Call):
+        for keyword in value.keywords:
+            if keyword.arg == "dtype":
+                return _dotted(keyword.value).rpartition(".")[2] not in _NOT_FLOAT32
+    return True
+
+
+def _written_name(node: ast.expr) -> str | None:
+    """A buffer or submodule name as written: a string, or an f-string with its fields kept."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                parts.append(str(part.value))
+            elif isinstance(part, ast.FormattedValue):
+                parts.append("{" + ast.unparse(part.value) + "}")
+        return "".join(parts)
+    return None
+
+
+def _self_attribute(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute) and _self_attribute_base(node.value):
+        return node.attr
+    return None
+
+
+def _self_attribute_base(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _is_name(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else ""
+    return ""

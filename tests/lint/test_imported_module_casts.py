@@ -1,0 +1,194 @@
+"""Module casts of model classes that another module of the project defines (RL004 with the
+project index): the receiver is resolved to its class there, and the class's summary says which
+gate buffer the cast converts, through base classes and parts at any depth."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from project_support import fix_in_project, lint_in_project, write_tree
+
+_MODELING = """
+import torch
+from torch import nn
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
+        self.register_buffer("replay_d_cache", torch.zeros(4))
+
+
+class KimiModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
+        )
+
+    @classmethod
+    def from_pretrained(cls, config):
+        return cls(config)
+
+
+class KimiForCausalLM(KimiModel):
+    pass
+
+
+class KeptKimiModel(KimiModel):
+    def _apply(self, fn, recurse=True):
+        return super()._apply(fn, recurse)
+
+
+class Projection(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(4))
+
+
+def build_model(config):
+    return KimiModel(config)
+"""
+
+
+def _findings(tmp_path: Path, loader: str) -> list[tuple[int, str, str]]:
+    files = {"pkg/__init__.py": "", "pkg/modeling.py": _MODELING, "pkg/loader.py": loader}
+    found = lint_in_project(tmp_path, files, "pkg/loader.py")
+    return [(f.location.row, f.code, f.message) for f in found]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "model = KimiModel(config)\nmodel.half()",
+        "model = KimiModel.from_pretrained(config).to(torch.bfloat16)",
+        "model = build_model(config).eval()\nmodel = model.to(dtype=torch.float16)",
+        "KimiForCausalLM(config).bfloat16()",
+        "model = modeling.KimiModel(config)\nmodel.half()",
+    ],
+)
+def test_a_cast_of_an_imported_model_class_is_reported(tmp_path: Path, body: str) -> None:
+    lines = "\n".join(f"    {line}" for line in body.splitlines())
+    loader = (
+        "import torch\nfrom . import modeling\nfrom .modeling import KimiForCausalLM, KimiModel, "
+        f"build_model\n\n\ndef load(config):\n{lines}\n"
+    )
+    found = [f for f in _findings(tmp_path, loader) if f[1] == "RL004"]
+    assert len(found) == 1, found
+    message = found[0][2]
+    assert "gate buffer `replay_g_cache` of `KimiDeltaAttention`" in message
+    assert "(registered at " in message
+    assert "modeling.py:8), held by `KimiModel.layers`," in message
+
+
+def test_an_annotated_parameter_is_an_instance_of_its_class(tmp_path: Path) -> None:
+    loader = (
+        "from typing import Optional\nfrom .modeling import KimiModel\n\n\n"
+        'def prepare(model: Optional["KimiModel"]):\n    model.half()\n    return model\n'
+    )
+    assert [f[:2] for f in _findings(tmp_path, loader)] == [(6, "RL004")]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "KimiModel(config).to('cuda')",  # a device move
+        "KimiModel(config).to(torch.float32)",  # a float32 cast
+        "KeptKimiModel(config).half()",  # the class decides what casts do
+        "Projection().half()",  # no gate buffer anywhere
+        "keep_fp32_gate_caches(KimiModel(config)).half()",  # guarded instance
+    ],
+)
+def test_casts_that_keep_the_gate_buffer_are_not_reported(tmp_path: Path, body: str) -> None:
+    loader = (
+        "import torch\nfrom replaylint.guards import keep_fp32_gate_caches\n"
+        "from .modeling import KeptKimiModel, KimiModel, Projection\n\n\n"
+        f"def load(config):\n    {body}\n"
+    )
+    assert _findings(tmp_path, loader) == []
+
+
+def test_a_model_made_in_more_than_one_way_is_not_guessed(tmp_path: Path) -> None:
+    loader = (
+        "from .modeling import KimiModel\n\n\n"
+        "def load(config, model=None):\n    model = model or KimiModel(config)\n    model.half()\n"
+    )
+    assert _findings(tmp_path, loader) == []
+
+
+def test_the_fix_protects_the_gate_buffers_before_the_cast(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/modeling.py": _MODELING,
+        "pkg/loader.py": "from .modeling import KimiModel\n\n\ndef load(c):\n    return KimiModel(c).half()\n",
+    }
+    fixed = fix_in_project(tmp_path, files, "pkg/loader.py")
+    assert fixed == (
+        "import replaylint.guards\nfrom .modeling import KimiModel\n\n\ndef load(c):\n"
+        "    return replaylint.guards.keep_fp32_gate_caches(KimiModel(c)).half()\n"
+    )
+
+
+# ------------------------------------------------------------------ runs over a tree
+_TREE = {
+    "pyproject.toml": "[project]\nname = 'pkg'\n\n[tool.replaylint]\n",
+    "pkg/__init__.py": "",
+    "pkg/models/__init__.py": "",
+    # names a gate cache: the pre-filter's first stage keeps it
+    "pkg/models/attention.py": (
+        "import torch\nfrom torch import nn\n\n\nclass KimiDeltaAttention(nn.Module):\n"
+        "    def __init__(self, n):\n        super().__init__()\n"
+        '        self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))\n'
+    ),
+    # names none: found by the name of the class it holds
+    "pkg/models/kimi.py": (
+        "from torch import nn\n\nfrom .attention import KimiDeltaAttention\n\n\n"
+        "class KimiModel(nn.Module):\n    def __init__(self, layers):\n        super().__init__()\n"
+        "        self.layers = nn.ModuleList([KimiDeltaAttention(4) for _ in range(layers)])\n"
+    ),
+    # names none either, and casts the model two modules away from the buffer
+    "pkg/loader.py": (
+        "import torch\n\nfrom .models.kimi import KimiModel\n\n\n"
+        "def load(layers):\n    return KimiModel(layers).to(torch.bfloat16)\n"
+    ),
+    # mentions the class but casts nothing
+    "pkg/report.py": "from .models.kimi import KimiModel\n\nMODEL = KimiModel\n",
+}
+
+
+def _run(cwd: Path, *args: str) -> list[tuple[str, int, str]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "replaylint", "check", "--output-format", "json", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in {0, 1}, done.stderr
+    return [
+        (Path(f["filename"]).relative_to(cwd).as_posix(), f["location"]["row"], f["code"])
+        for f in json.loads(done.stdout)
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--no-cache", "."), ("--no-cache", "pkg/loader.py"), ("--no-cache", "--jobs", "2", ".")],
+)
+def test_a_run_finds_the_cast_in_a_file_that_names_no_gate_cache(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    write_tree(tmp_path, _TREE)
+    assert _run(tmp_path, *args) == [("pkg/loader.py", 7, "RL004")]
+
+
+def test_a_cached_run_gives_the_same_finding(tmp_path: Path) -> None:
+    write_tree(tmp_path, _TREE)
+    first = _run(tmp_path, ".")
+    assert first == _run(tmp_path, ".") == [("pkg/loader.py", 7, "RL004")]
