@@ -42,6 +42,15 @@ class KimiForCausalLM(KimiModel):
 
 class KeptKimiModel(KimiModel):
     def _apply(self, fn, recurse=True):
+        kept = [layer.replay_g_cache for layer in self.layers]
+        super()._apply(fn, recurse)
+        for layer, ring in zip(self.layers, kept):
+            layer.replay_g_cache = ring.to(layer.replay_d_cache.device, torch.float32)
+        return self
+
+
+class PassThroughKimiModel(KimiModel):
+    def _apply(self, fn, recurse=True):
         return super()._apply(fn, recurse)
 
 
@@ -111,6 +120,14 @@ def test_casts_that_keep_the_gate_buffer_are_not_reported(tmp_path: Path, body: 
         f"def load(config):\n    {body}\n"
     )
     assert _findings(tmp_path, loader) == []
+
+
+def test_an_override_that_does_not_restore_float32_keeps_nothing(tmp_path: Path) -> None:
+    loader = (
+        "from .modeling import PassThroughKimiModel\n\n\n"
+        "def load(config):\n    return PassThroughKimiModel(config).half()\n"
+    )
+    assert [f[:2] for f in _findings(tmp_path, loader)] == [(5, "RL004")]
 
 
 def test_a_model_made_in_more_than_one_way_is_not_guessed(tmp_path: Path) -> None:

@@ -396,3 +396,36 @@ def test_a_cycle_of_attributes_terminates() -> None:
     found = _findings(source, "")
     assert [(row, code) for row, code, _ in found] == [(15, "RL004")]
     assert "held by `A.b`" in found[0][2]
+
+
+@pytest.mark.parametrize(
+    ("override", "reported"),
+    [
+        ("return super()._apply(fn, recurse)", True),  # passes the cast through
+        (
+            "kept = self.g_cache\n        super()._apply(fn, recurse)\n"
+            "        self.g_cache = kept.to(self.d_cache.device)\n        return self",
+            False,  # puts the gate ring back
+        ),
+        (
+            "super()._apply(fn, recurse)\n        self.g_cache = self.g_cache.float()\n"
+            "        return self",
+            False,  # mentions float32
+        ),
+    ],
+)
+def test_an_apply_override_keeps_the_gate_buffer_only_when_it_restores_float32(
+    override: str, reported: bool
+) -> None:
+    text = (
+        "import torch\nfrom torch import nn\n\n"
+        "class Rings(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.register_buffer("g_cache", torch.zeros(2, dtype=torch.float32))\n'
+        '        self.register_buffer("d_cache", torch.zeros(2))\n\n'
+        f"    def _apply(self, fn, recurse=True):\n        {override}\n\n"
+        "rings = Rings().half()\n"
+    )
+    found = [f.code for f in Linter().check(text, "m.py")]
+    assert found == (["RL004"] if reported else [])

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
 from replaylint.lint.dataflow.torch_api import (
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 GUARD = "keep_fp32_gate_caches"
+# nn.Module methods a class may override to decide what a cast does to its buffers
+_CAST_OVERRIDES = frozenset({"_apply", "to", "half", "bfloat16", "type"})
 _GUARD_NAMES = GateCacheNames(DEFAULT_GATE_CACHE_PATTERNS)
 
 
@@ -113,9 +116,9 @@ def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
             own[cls.name.value] = found
     result: dict[str, GateBuffer] = {}
     for name, cls in classes.items():
-        if guarded_class(cls):
+        if keeps_float32(prov, cls):
             continue
-        buffer = _inherited(name, classes, own, set())
+        buffer = _inherited(prov, name, classes, own, set())
         if buffer is not None:
             result[name] = replace(buffer, cls=cls)  # registered in `cls` or a base class
     return result
@@ -313,8 +316,19 @@ def _floating(prov: Provenance, site: Site, value: cst.BaseExpression) -> bool:
     )
 
 
+def keeps_float32(prov: Provenance, cls: cst.ClassDef) -> bool:
+    """Whether ``cls`` decides that a cast keeps its gate buffers float32: guarded, or
+    overriding a cast method of ``nn.Module`` with a body that restores float32."""
+    return guarded_class(cls) or any(
+        isinstance(statement, cst.FunctionDef)
+        and statement.name.value in _CAST_OVERRIDES
+        and _restores_float32(prov, statement)
+        for statement in (cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ())
+    )
+
+
 def guarded_class(cls: cst.ClassDef) -> bool:
-    """Whether ``cls`` is decorated with the guard, mixes it in, or overrides ``_apply``."""
+    """Whether ``cls`` is decorated with the guard or mixes it in."""
     decorated = any(
         GUARD
         in (
@@ -324,17 +338,41 @@ def guarded_class(cls: cst.ClassDef) -> bool:
         for d in cls.decorators
     )
     mixin = any(_GUARD_MIXIN in (dotted_name(base.value) or "") for base in cls.bases)
-    return decorated or mixin or _own_apply(cls)
+    return decorated or mixin
 
 
-def _own_apply(cls: cst.ClassDef) -> bool:
-    """Whether ``cls`` overrides ``nn.Module._apply`` (what ``.to``, ``.half`` ... run), so it
-    decides itself what a cast does to its buffers."""
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
-    return any(isinstance(s, cst.FunctionDef) and s.name.value == "_apply" for s in body)
+def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
+    """Whether an override mentions float32 (``.float()``, ``torch.float32``), calls the guard,
+    or sets a gate-cache attribute (``self.g_cache = g_cache``, the tensor kept from before)."""
+    names = prov.index.gate_caches
+    stack: list[cst.CSTNode] = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            called = dotted_name(node.func) or ""
+            if method_name(node) == "float" or called.rpartition(".")[2] == GUARD:
+                return True
+            args = positional_args(node)
+            # `setattr(self, "g_cache", kept)`, `self.register_buffer("g_cache", kept)`
+            key = args[1] if called == "setattr" and len(args) > 1 else None
+            if method_name(node) == "register_buffer" and args:
+                key = args[0]
+            name = static_name(key.value) if key is not None else None
+            if name is not None and names.matches(name):
+                return True
+        elif isinstance(node, (cst.Attribute, cst.Name)):
+            if literal_dtype(prov.index, node) == FLOAT32:
+                return True
+        elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Attribute):
+            name = binding_name(node.target)
+            if name is not None and names.matches(name):
+                return True
+        stack.extend(syntax_children(node))
+    return False
 
 
 def _inherited(
+    prov: Provenance,
     name: str,
     classes: dict[str, cst.ClassDef],
     own: dict[str, GateBuffer],
@@ -348,9 +386,9 @@ def _inherited(
     for base in classes[name].bases:
         base_name = dotted_name(base.value)
         if base_name is not None and base_name in classes:
-            if guarded_class(classes[base_name]):
+            if keeps_float32(prov, classes[base_name]):
                 return None
-            found = _inherited(base_name, classes, own, seen)
+            found = _inherited(prov, base_name, classes, own, seen)
             if found is not None:
                 return found
     return None

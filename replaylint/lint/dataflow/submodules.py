@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.instances import (
     ModuleClasses,
     attribute_values,
@@ -36,20 +35,15 @@ from replaylint.lint.dataflow.modules import (
     GUARD,
     GateBuffer,
     ModuleCast,
-    guarded_class,
+    keeps_float32,
     module_cast_dtypes,
 )
-from replaylint.lint.dataflow.torch_api import FLOAT32
-from replaylint.lint.gatecache.bindings import static_name
-from replaylint.lint.syntax.nodes import binding_name, dotted_name, method_name, positional_args
+from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import syntax_children
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
-
-# nn.Module methods a class may override to decide what a cast does to its buffers
-_CAST_OVERRIDES = frozenset({"_apply", "to", "half", "bfloat16", "type"})
 
 HeldLookup = Callable[[str], GateBuffer | None]
 """The gate buffer a class (by name) holds, or None."""
@@ -126,47 +120,7 @@ def keeps_gate_buffers_float32(prov: Provenance, classes: ModuleClasses, cls: cs
     """Whether ``cls`` (or a base class of the module) is guarded, or overrides a cast method
     of ``nn.Module`` with a body that restores float32 gate buffers: it then decides what a
     cast does to them, here and for every module that holds it."""
-    for owner in classes.mro(cls):
-        if guarded_class(owner):
-            return True
-        for statement in owner.body.body:
-            if (
-                isinstance(statement, cst.FunctionDef)
-                and statement.name.value in _CAST_OVERRIDES
-                and _restores_float32(prov, statement)
-            ):
-                return True
-    return False
-
-
-def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
-    """Whether an override mentions float32 (``.float()``, ``torch.float32``), calls the guard,
-    or sets a gate-cache attribute (``self.g_cache = g_cache``, the tensor kept from before)."""
-    names = prov.index.gate_caches
-    stack: list[cst.CSTNode] = [function.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call):
-            called = dotted_name(node.func) or ""
-            if method_name(node) == "float" or called.rpartition(".")[2] == GUARD:
-                return True
-            args = positional_args(node)
-            # `setattr(self, "g_cache", kept)`, `self.register_buffer("g_cache", kept)`
-            key = args[1] if called == "setattr" and len(args) > 1 else None
-            if method_name(node) == "register_buffer" and args:
-                key = args[0]
-            name = static_name(key.value) if key is not None else None
-            if name is not None and names.matches(name):
-                return True
-        elif isinstance(node, (cst.Attribute, cst.Name)):
-            if literal_dtype(prov.index, node) == FLOAT32:
-                return True
-        elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Attribute):
-            name = binding_name(node.target)
-            if name is not None and names.matches(name):
-                return True
-        stack.extend(syntax_children(node))
-    return False
+    return any(keeps_float32(prov, owner) for owner in classes.mro(cls))
 
 
 def held_module_cast(

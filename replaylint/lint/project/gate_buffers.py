@@ -81,6 +81,10 @@ def _facts(found: Found) -> dict[str, Any] | None:
     return facts if isinstance(facts, dict) else None
 
 
+def _keeps(facts: dict[str, Any], matches: Matches) -> bool:
+    return bool(facts["keeps"]) or any(matches(str(name)) for name in facts["restores"])
+
+
 def _gate_buffer(
     index: ProjectIndex,
     matches: Matches,
@@ -90,7 +94,7 @@ def _gate_buffer(
 ) -> ImportedGateBuffer | None:
     key = (found.module, found.name)
     facts = _facts(found)
-    if depth > _MAX_DEPTH or key in seen or facts is None or facts["keeps"]:
+    if depth > _MAX_DEPTH or key in seen or facts is None or _keeps(facts, matches):
         return None
     seen.add(key)
     path = index.path_of(found.module)
@@ -102,7 +106,7 @@ def _gate_buffer(
         if parent is None:
             continue
         parent_facts = _facts(parent)
-        if parent_facts is not None and parent_facts["keeps"]:
+        if parent_facts is not None and _keeps(parent_facts, matches):
             return None  # a guarded base keeps what it and its subclasses hold float32
         inherited = _gate_buffer(index, matches, parent, depth + 1, seen)
         if inherited is not None:

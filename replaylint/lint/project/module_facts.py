@@ -17,10 +17,13 @@ of a class with base classes records, from the class's own text (``ast``, no eva
 ``bases``
     the base classes as summary values;
 ``keeps``
-    whether the class decides itself what a cast does to its buffers: decorated with
+    whether the class keeps its gate buffers float32 through casts: decorated with
     ``keep_fp32_gate_caches``, mixing in ``KeepFp32GateCaches``, or overriding ``_apply``, ``to``,
-    ``half``, ``bfloat16``, ``float``, ``double`` or ``type`` (an importer then reports nothing:
-    the override is not read across modules, so it is trusted).
+    ``half``, ``bfloat16`` or ``type`` with a body that mentions float32 (``.float()``,
+    ``torch.float32``) or the guard;
+``restores``
+    the attributes such an override sets (``self.g_cache = kept``, ``register_buffer(...)``): an
+    override that puts a gate cache back keeps it too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 Value = list[Any]
 
-_KEEPING_METHODS = frozenset({"_apply", "to", "half", "bfloat16", "float", "double", "type"})
+_KEEPING_METHODS = frozenset({"_apply", "to", "half", "bfloat16", "type"})
 _NOT_FLOAT32 = frozenset(
     {"int8", "int16", "int32", "int64", "uint8", "long", "int", "short", "bool"}
     | {"bfloat16", "float16", "half", "float64", "double", "complex64", "complex128"}
@@ -87,25 +90,46 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                     buffers.append([attribute, node.lineno])
                 else:
                     hold(attribute, value)
+    keeps, restores = _keeps(cls)
     return {
         "buffers": buffers,
         "holds": [[attribute, callees] for attribute, callees in holds.items() if callees],
         "bases": [value_of(base) for base in cls.bases],
-        "keeps": _keeps(cls),
+        "keeps": keeps,
+        "restores": restores,
     }
 
 
-def _keeps(cls: ast.ClassDef) -> bool:
+def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
+    """Whether the class is guarded or overrides a cast method with a body that mentions
+    float32 (``.float()``, ``torch.float32``) or the guard; and the attributes such an override
+    sets (``self.g_cache = kept``): a gate cache among them is put back too."""
     decorated = any(
         "keep_fp32_gate_caches" in _dotted(d.func if isinstance(d, ast.Call) else d)
         for d in cls.decorator_list
     )
     mixin = any(_dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
-    overrides = any(
-        isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name in _KEEPING_METHODS
-        for s in cls.body
-    )
-    return decorated or mixin or overrides
+    restores = False
+    attributes: list[str] = []
+    for statement in cls.body:
+        if not (isinstance(statement, ast.FunctionDef) and statement.name in _KEEPING_METHODS):
+            continue
+        for node in ast.walk(statement):
+            if (isinstance(node, ast.Attribute) and node.attr == "float32") or (
+                isinstance(node, ast.Call)
+                and (
+                    (isinstance(node.func, ast.Attribute) and node.func.attr == "float")
+                    or _dotted(node.func).endswith("keep_fp32_gate_caches")
+                )
+            ):
+                restores = True
+            elif isinstance(node, ast.Call) and _dotted(node.func).endswith("register_buffer"):
+                name = _written_name(node.args[0]) if node.args else None
+                attributes += [name] if name is not None else []
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                attributes += [a for t in targets if (a := _self_attribute(t)) is not None]
+    return decorated or mixin or restores, attributes
 
 
 def _may_be_float32(value: ast.expr) -> bool:
