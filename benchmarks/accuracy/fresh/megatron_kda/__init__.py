@@ -1,0 +1,1 @@
+"""A Megatron-LM style hybrid model whose KDA layers decode with ReplaySSM state."""
