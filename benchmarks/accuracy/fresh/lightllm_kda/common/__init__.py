@@ -1,0 +1,1 @@
+"""Memory and request managers and the per-batch infer state."""

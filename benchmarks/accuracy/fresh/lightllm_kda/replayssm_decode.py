@@ -1,0 +1,31 @@
+"""Decode kernel of the KDA layers (CPU stand-in of the Triton kernel)."""
+
+LAST_CALL = {}
+
+
+def token_kda_replayssm_decode(
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    scale,
+    initial_state,
+    d_cache,
+    k_cache,
+    g_cache,
+    out,
+    ssm_state_indices,
+    write_pos,
+    force_flush=None,
+    use_qk_l2norm_in_kernel=False,
+    lower_bound=None,
+):
+    # initial_state [slots, HV, V, K]; d_cache [slots, HV, L, V]; k_cache [slots, H, L, K];
+    # g_cache [slots, HV, L, K] (log-decays); ssm_state_indices, write_pos: int32 per request
+    assert ssm_state_indices.shape[0] == mixed_qkv.shape[0] == out.shape[0]
+    LAST_CALL.clear()
+    LAST_CALL.update(initial_state=initial_state, d_cache=d_cache, k_cache=k_cache, g_cache=g_cache)
+    LAST_CALL.update(ssm_state_indices=ssm_state_indices, write_pos=write_pos)
+    out.zero_()
+    return out, initial_state

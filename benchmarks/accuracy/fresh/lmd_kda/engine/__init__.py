@@ -1,0 +1,1 @@
+"""The engine's model agent and its cache engine."""
