@@ -1,10 +1,12 @@
 """Gate-cache names learned from the call sites of ReplaySSM decode entry points.
 
 Real code names its gate ring freely (sglang's ``replayssm_g``, a ``decay_ring`` elsewhere) but
-always hands it to the decode kernel as the gate-cache argument. A cheap first pass over every
-file of a run finds those calls and learns the name of whatever is passed — the variable, an
-attribute's last part, or a string key — so that the checking pass treats that name as a gate
-cache everywhere. Each learned name remembers the call that taught it.
+always hands it to the decode kernel as the gate-cache argument, directly or through a wrapper
+(``layer(x, g_cache=cache.log_alpha)``), a record (``ReplayBuffers(g_cache=ring)``) or a mapping
+of keyword arguments (``{"g_cache": cache.log_alpha}``). A cheap first pass over every file of a
+run finds those calls, keywords and keys and learns the name of whatever is passed — the variable,
+an attribute's last part, or a string key — so that the checking pass treats that name as a gate
+cache everywhere. Each learned name remembers the place that taught it.
 
 The pass is cheap by design: a file is only parsed (with :mod:`ast`, not libcst) when its text
 contains the literal part of an entry-point pattern, and only calls are inspected. Names too
@@ -23,7 +25,12 @@ from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.syntax.limits import too_large
 
-__all__ = ["TOO_GENERIC_TO_LEARN", "entry_point_needles", "learn_gate_cache_names"]
+__all__ = [
+    "TOO_GENERIC_TO_LEARN",
+    "entry_point_needles",
+    "learn_gate_cache_names",
+    "learning_needles",
+]
 
 TOO_GENERIC_TO_LEARN: frozenset[str] = frozenset(
     {
@@ -49,7 +56,8 @@ def learn_gate_cache_names(
     that teaches a name is the one remembered. Files that do not parse are skipped: the checking
     pass reports them.
     """
-    needles = entry_point_needles(entry_points)
+    patterns = known if known is not None else GateCacheNames()
+    needles = learning_needles(entry_points, patterns)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
         if needles is not None and not any(needle in text for needle in needles):
@@ -60,7 +68,7 @@ def learn_gate_cache_names(
             tree = ast.parse(text, filename=filename)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        for name, origin in _names_in(tree, filename, entry_points):
+        for name, origin in _names_in(tree, filename, entry_points, patterns):
             if name in learned or name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
                 continue
             if known is not None and known.matches(name):
@@ -80,14 +88,29 @@ def entry_point_needles(entry_points: Sequence[EntryPoint]) -> list[str] | None:
     return needles
 
 
+def learning_needles(entry_points: Sequence[EntryPoint], names: GateCacheNames) -> list[str] | None:
+    """Literal text a file that teaches a name must contain: an entry point's, or a gate-cache
+    pattern's longest literal piece (``*_g_cache`` -> ``_g_cache``); None when some entry-point
+    pattern has none."""
+    needles = entry_point_needles(entry_points)
+    if needles is None:
+        return None
+    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
+    return needles + [piece for piece in pieces if len(piece) > 2]
+
+
 def _names_in(
-    tree: ast.AST, filename: str, entry_points: Sequence[EntryPoint]
+    tree: ast.AST, filename: str, entry_points: Sequence[EntryPoint], patterns: GateCacheNames
 ) -> Iterator[tuple[str, LearnedFrom]]:
     aliases = _import_aliases(tree)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            yield from _mapping_names(node, filename, patterns)
+            continue
         if not isinstance(node, ast.Call):
             continue
         written = _dotted(node.func)
+        yield from _keyword_names(node, written, filename, patterns)
         if written is None:
             continue
         head, _, rest = written.partition(".")
@@ -105,6 +128,38 @@ def _names_in(
             ):
                 yield name, LearnedFrom(filename, node.lineno, written)
             break
+
+
+def _keyword_names(
+    call: ast.Call, written: str | None, filename: str, patterns: GateCacheNames
+) -> Iterator[tuple[str, LearnedFrom]]:
+    """``layer(x, g_cache=cache.log_alpha)``, ``ReplayBuffers(g_cache=ring)``: whatever a call
+    passes for a parameter named like a gate cache is the gate ring (a wrapper of the decode
+    entry point, a record of the rings), unless the call passes it for another parameter too."""
+    callee = written or "a call"
+    for keyword in call.keywords:
+        if keyword.arg is None or not patterns.matches(keyword.arg):
+            continue
+        name = _name_of(keyword.value)
+        others = [*call.args, *(k.value for k in call.keywords if k is not keyword)]
+        if name is not None and not any(_name_of(other) == name for other in others):
+            yield name, LearnedFrom(filename, call.lineno, f"{callee}({keyword.arg}=...)")
+
+
+def _mapping_names(
+    mapping: ast.Dict, filename: str, patterns: GateCacheNames
+) -> Iterator[tuple[str, LearnedFrom]]:
+    """``{"g_cache": cache.log_alpha, ...}`` (the keyword arguments of a decode call, a graph's
+    static inputs): the value stored under a gate-cache key is the gate ring."""
+    for key, value in zip(mapping.keys, mapping.values, strict=True):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            continue
+        if not patterns.matches(key.value):
+            continue
+        name = _name_of(value)
+        others = [v for k, v in zip(mapping.keys, mapping.values, strict=True) if k is not key]
+        if name is not None and not any(_name_of(other) == name for other in others):
+            yield name, LearnedFrom(filename, key.lineno, f'{{"{key.value}": ...}}')
 
 
 def _gate_argument(call: ast.Call, entry_point: EntryPoint) -> ast.expr | None:

@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from replaylint.lint.config.settings import Settings
-from replaylint.lint.gatecache.learning import entry_point_needles, learn_gate_cache_names
+from replaylint.lint.gatecache.learning import (
+    entry_point_needles,
+    learn_gate_cache_names,
+    learning_needles,
+)
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.model import FileReport, Mode
@@ -85,15 +89,15 @@ def _regular_file(path: str) -> tuple[int, int, int] | None:
 
 
 def _learn(settings: Settings, filename: str, raw: bytes) -> _Learned:
-    needles = entry_point_needles(settings.entry_points)
+    # As in a whole-run learning pass: names the patterns already match need no teaching.
+    base = GateCacheNames(settings.gate_cache_patterns)
+    needles = learning_needles(settings.entry_points, base)
     if needles is not None and not any(needle.encode() in raw for needle in needles):
         return ()
     try:
         text, _ = decode_source(raw)
     except FileProblem:
         return ()
-    # As in a whole-run learning pass: names the patterns already match need no teaching.
-    base = GateCacheNames(settings.gate_cache_patterns)
     learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
     return tuple((name, origin.row, origin.function) for name, origin in learned.items())
 
