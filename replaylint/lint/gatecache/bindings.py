@@ -78,6 +78,7 @@ class BindingWalker(Visitor):
         self._statements: list[cst.CSTNode] = []
         self._walrus_shared: dict[int, tuple[str, ...]] = {}
         self._record_fields: dict[str, list[str]] | None = None
+        self._signatures: dict[str, list[str] | None] | None = None
         self._lists: frozenset[str] | None = None
         self._maybe_lists: frozenset[str] | None = None
 
@@ -323,6 +324,17 @@ class BindingWalker(Visitor):
                 if self.names.matches(field):
                     display = f"{field}={one_line(self.module, arg.value, 40)}"
                     self._found(GateCacheBinding(field, display, arg.value, node, self.site()))
+        parameters = self._gate_parameters_of(node.func)
+        if parameters:
+            # `ReplayCache.from_tensors(state, d, k, g, cursor)` with a parameter `log_alpha`:
+            # the argument a function of the module takes as its gate cache is one
+            for position, parameter in parameters:
+                if position < len(positional) and not any(
+                    arg.star for arg in node.args[: position + 1]
+                ):
+                    arg = positional[position]
+                    display = f"{parameter}={one_line(self.module, arg.value, 40)}"
+                    self._found(GateCacheBinding(parameter, display, arg.value, node, self.site()))
         method = method_name(node)
         if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
             # `self.g_caches.append(ring)`: the element becomes a gate cache
@@ -350,6 +362,22 @@ class BindingWalker(Visitor):
             )
             self._found(GateCacheBinding(key, display, value, node, self.site()))
 
+    def _gate_parameters_of(self, func: cst.BaseExpression) -> list[tuple[int, str]]:
+        """(position, name) of the gate-cache parameters of the module's function, method or
+        class (its ``__init__``) that ``func`` calls, among the arguments the call writes."""
+        if self._signatures is None:
+            self._signatures = _signatures(self.module)
+        if isinstance(func, cst.Name):
+            key = func.value
+        elif isinstance(func, cst.Attribute):
+            key = f".{func.attr.value}"
+        else:
+            return []
+        parameters = self._signatures.get(key)
+        if not parameters:
+            return []
+        return [(i, name) for i, name in enumerate(parameters) if self.names.matches(name)]
+
     def _fields_of(self, func: cst.BaseExpression) -> list[str] | None:
         """The fields, in order, of the module-level record class ``func`` names."""
         if not isinstance(func, cst.Name):
@@ -362,6 +390,62 @@ class BindingWalker(Visitor):
                     if fields is not None:
                         self._record_fields[statement.name.value] = [name for name, _ in fields]
         return self._record_fields.get(func.value)
+
+
+def _signatures(module: cst.Module) -> dict[str, list[str] | None]:
+    """The positional parameters, as a call writes its arguments, of the module's functions
+    (``name``), classes (``name``: their ``__init__``) and methods (``.name``: called on an
+    instance or a class, so without ``self``/``cls``). A name defined twice is None: which one
+    a call reaches is not certain."""
+    found: dict[str, list[str] | None] = {}
+
+    def define(key: str, parameters: list[str]) -> None:
+        found[key] = None if key in found and found[key] != parameters else parameters
+
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef):
+            define(statement.name.value, _positional(statement, method=False))
+        elif isinstance(statement, cst.ClassDef):
+            body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
+            for member in body:
+                if not isinstance(member, cst.FunctionDef):
+                    continue
+                parameters = _positional(member, method=True)
+                if member.name.value == "__init__":
+                    define(statement.name.value, parameters)
+                define(f".{member.name.value}", parameters)
+    return found
+
+
+def _positional(function: cst.FunctionDef, *, method: bool) -> list[str]:
+    """Positional parameter names; a parameter the function converts rather than keeps is
+    named ``""`` (``def as_fp32(g_cache): return g_cache.float()`` takes any dtype)."""
+    parameters = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    static = any(
+        isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
+        for d in function.decorators
+    )
+    converted = _converted(function)
+    parameters = ["" if name in converted else name for name in parameters]
+    return parameters[1:] if method and not static and parameters else parameters
+
+
+def _converted(function: cst.FunctionDef) -> set[str]:
+    """Names the function calls a method on that makes a new tensor of another dtype
+    (``g.float()``, ``g.to(...)``, ``g.type(...)``) or compares the dtype of."""
+    found: set[str] = set()
+    for node in descendants(function.body):
+        if (
+            isinstance(node, cst.Attribute)
+            and isinstance(node.value, cst.Name)
+            and node.attr.value in _CONVERTING
+        ):
+            found.add(node.value.value)
+    return found
+
+
+# what a helper that converts its argument calls on it (or reads to decide a conversion)
+_CONVERTING = frozenset({"float", "to", "type", "type_as", "half", "bfloat16", "double", "dtype"})
 
 
 # methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
