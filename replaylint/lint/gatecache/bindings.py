@@ -90,6 +90,14 @@ class BindingWalker(Visitor):
         for receive in self.receivers:
             receive(binding)
 
+    def _passed(self, binding: GateCacheBinding) -> None:
+        """A value passed on as a gate cache (a keyword, a dict entry, a record field, a
+        parameter): a name that is a gate cache itself (``g_cache=g_cache``) was checked where it
+        was bound, and a parameter of that name where its function is called."""
+        value = binding.value
+        if not (isinstance(value, cst.Name) and self.names.matches(value.value)):
+            self._found(binding)
+
     # Our traversal only dispatches methods whose own name is visit_*/leave_*, so each statement
     # kind gets its two one-line methods.
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
@@ -306,14 +314,14 @@ class BindingWalker(Visitor):
                 key = literal_string(element.key)
                 if key is not None and self.names.matches(key):
                     display = self.module.code_for_node(element.key)
-                    self._found(GateCacheBinding(key, display, element.value, node, self.site()))
+                    self._passed(GateCacheBinding(key, display, element.value, node, self.site()))
 
     def visit_Call(self, node: cst.Call) -> None:
         for arg in node.args:
             if arg.keyword is not None and self.names.matches(arg.keyword.value):
                 text = one_line(self.module, arg.value, 40)
                 display = f"{arg.keyword.value}={text}"
-                self._found(
+                self._passed(
                     GateCacheBinding(arg.keyword.value, display, arg.value, node, self.site())
                 )
         positional = positional_args(node)
@@ -323,7 +331,7 @@ class BindingWalker(Visitor):
             for field, arg in zip(fields, positional, strict=False):
                 if self.names.matches(field):
                     display = f"{field}={one_line(self.module, arg.value, 40)}"
-                    self._found(GateCacheBinding(field, display, arg.value, node, self.site()))
+                    self._passed(GateCacheBinding(field, display, arg.value, node, self.site()))
         parameters = self._gate_parameters_of(node.func)
         if parameters:
             # `ReplayCache.from_tensors(state, d, k, g, cursor)` with a parameter `log_alpha`:
@@ -334,7 +342,7 @@ class BindingWalker(Visitor):
                 ):
                     arg = positional[position]
                     display = f"{parameter}={one_line(self.module, arg.value, 40)}"
-                    self._found(GateCacheBinding(parameter, display, arg.value, node, self.site()))
+                    self._passed(GateCacheBinding(parameter, display, arg.value, node, self.site()))
         method = method_name(node)
         if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
             # `self.g_caches.append(ring)`: the element becomes a gate cache
