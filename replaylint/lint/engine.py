@@ -22,6 +22,7 @@ from replaylint.lint.gatecache.bindings import BindingWalker
 from replaylint.lint.gatecache.learning import learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
+from replaylint.lint.gatecache.siblings import sibling_names
 from replaylint.lint.model import Finding, SourceError
 from replaylint.lint.project.gate_buffers import MODULE_CAST_CALL, imports_gate_buffer_class
 from replaylint.lint.project.index import ProjectIndex, ProjectView
@@ -91,10 +92,14 @@ class Linter:
             return []
         module = parse(source)
         view = ProjectView.of(self.project, filename) if self.project is not None else None
+        names = self.gate_caches
+        siblings = sibling_names(names, source, filename)
+        if siblings:  # `alpha_rows` beside `delta_rows`, once `alpha_buffer` is the gate ring
+            names = names.with_learned(siblings)
         context = FileContext(
             filename,
             module,
-            self.gate_caches,
+            names,
             self.settings.entry_points,
             source=source,
             project=view,
@@ -102,7 +107,7 @@ class Linter:
         checkers = [rule(context) for rule in rules]
         walker = BindingWalker(
             module,
-            self.gate_caches,
+            names,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
             source=source,
             imported_lists=(

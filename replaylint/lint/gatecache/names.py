@@ -27,13 +27,17 @@ DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class LearnedFrom:
-    """The entry-point call that made a name a gate-cache name."""
+    """The entry-point call that made a name a gate-cache name (or, with ``reason``, what else
+    did)."""
 
     filename: str
     row: int
     function: str
+    reason: str = ""
 
     def describe(self) -> str:
+        if self.reason:
+            return self.reason
         return f"passed as the gate cache of `{self.function}` at {self.filename}:{self.row}"
 
 
