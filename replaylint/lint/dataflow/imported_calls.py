@@ -60,9 +60,83 @@ def tensor_facts(
         callee = evaluation.target(value[1], context)
         if not isinstance(callee, Found):
             return None
-        return (_allocation(evaluation, callee, value, context, call, site, env),)
+        return _made(evaluation, callee, value, context, call, site, env)
     except (Unknown, *MALFORMED):
         return None
+
+
+def _made(
+    evaluation: Evaluation,
+    callee: Found,
+    value: Value,
+    context: Context,
+    call: cst.Call,
+    site: Site,
+    env: Env,
+) -> tuple[TensorFact, ...]:
+    """An allocation helper's result, or a cast helper's: ``return tensor.to(dtype)``, also as
+    ``tensor if tensor.dtype == dtype else tensor.to(dtype)`` (either branch may be taken)."""
+    definition = callee.definition
+    if definition[0] != "function":
+        return (_allocation(evaluation, callee, value, context, call, site, env),)
+    result: Value = definition[3]
+    branches = result[1] if result[0] == "either" else [result]
+    if not any(_is_cast(branch) for branch in branches):
+        return (_allocation(evaluation, callee, value, context, call, site, env),)
+    _, inner = evaluation.called(callee, value[2], value[3], context)
+    facts: list[TensorFact] = []
+    for branch in branches:
+        if branch[0] == "param":  # the tensor passed, as it is
+            bound = inner.params.get(str(branch[1]))
+            if not isinstance(bound, Here):
+                raise Unknown
+            facts += evaluation.prov.tensor_facts(bound.expr, bound.site, bound.env)
+        elif _is_cast(branch):
+            facts.append(_cast(evaluation, callee, branch, inner, call))
+        else:
+            raise Unknown
+    return tuple(dict.fromkeys(facts))
+
+
+_CAST_METHODS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "double": "float64"}
+
+
+def _is_cast(value: Value) -> bool:
+    """``<param>.to(...)``, ``<param>.half()`` and the like, in a summary."""
+    return (
+        value[0] == "call"
+        and value[1][0] == "attr"
+        and value[1][1][0] == "param"
+        and (value[1][2] == "to" or value[1][2] in _CAST_METHODS)
+    )
+
+
+def _cast(
+    evaluation: Evaluation, callee: Found, cast: Value, inner: Context, call: cst.Call
+) -> TensorFact:
+    """The fact of a cast helper's cast: its dtype is the caller's argument (fixed there, by
+    passing float32) or the helper's own."""
+    prov = evaluation.prov
+    method = str(cast[1][2])
+    helper = one_line(prov.index.module, call.func)
+    detail = f"`{helper}(...)` ({describe_origins(callee.origins)[5:]})"
+    if method in _CAST_METHODS:
+        dtypes = (DtypeFact(_CAST_METHODS[method], call),)
+        return TensorFact(Kind.CAST, call, dtypes=dtypes, call=call, detail=detail)
+    arguments = [*cast[2], *(v for k, v in cast[3] if k == "dtype")]
+    dtype = next((a for a in arguments if a[0] == "param"), arguments[0] if arguments else None)
+    if dtype is None:
+        raise Unknown
+    if dtype[0] == "param":
+        bound = inner.params.get(str(dtype[1]))
+        if not isinstance(bound, Here):
+            raise Unknown
+        facts = prov.dtype_facts(bound.expr, bound.site, bound.env)
+        # the helper's one result is the cast: float32 passed here makes it float32
+        target = SetDtype(bound.expr)
+        return TensorFact(Kind.CAST, call, dtypes=facts, call=call, detail=detail, target=target)
+    facts = tuple(evaluation.dtypes(dtype, inner))
+    return TensorFact(Kind.CAST, call, dtypes=facts, call=call, detail=detail)
 
 
 def _allocation(

@@ -150,7 +150,7 @@ class ModuleIndex:
                 )
                 if name is not None:
                     calls.setdefault(name, []).append(node)
-                if name in {"setattr", "__setattr__"}:
+                if name in {"setattr", "__setattr__"} and not _on_self(node):
                     assigned.add("*")
             elif isinstance(node, cst.ClassDef):
                 classes.append(node)
@@ -159,6 +159,18 @@ class ModuleIndex:
             stack.extend(reversed(syntax_children(node)))
         self._calls, self._classes, self._assigned = calls, classes, assigned
         self._withs, self._next = withs, following
+
+
+def _on_self(call: cst.Call) -> bool:
+    """``setattr(self, name, x)``, ``object.__setattr__(self, name, x)``: the instance's own
+    attributes, never a module's."""
+    args = [arg for arg in call.args if arg.keyword is None]
+    first = args[0].value if args else None
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "__setattr__":
+        receiver = call.func.value
+        if isinstance(receiver, cst.Name) and receiver.value in {"self", "cls"}:
+            return True  # `self.__setattr__(name, x)`
+    return isinstance(first, cst.Name) and first.value in {"self", "cls"}
 
 
 def _call_sites(module: cst.Module) -> dict[int, Site]:

@@ -11,6 +11,7 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
 ``["table", [[key, v], ...]]`` a dict with literal keys; ``["tuple", [v, ...]]``;
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
+``["either", [v, v]]`` one of two values (a conditional expression);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
@@ -407,6 +408,8 @@ class _Values:
                 [self.value(a) for a in node.args],
                 [[k.arg, self.value(k.value)] for k in node.keywords],
             ]
+        if isinstance(node, ast.IfExp):  # either branch: the test is not evaluated
+            return ["either", [self.value(node.body), self.value(node.orelse)]]
         if isinstance(node, ast.Lambda):
             params = _params(self.summariser, node.args)
             if params is None:
