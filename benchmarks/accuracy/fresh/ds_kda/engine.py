@@ -51,7 +51,7 @@ class InferenceEngine:
                 ssm_state=torch.zeros(batch, hv, dim, dim, dtype=torch.float32),
                 delta_cache=torch.zeros(batch, hv, ring_len, dim, dtype=ring_dtype),
                 key_cache=torch.zeros(batch, h, ring_len, dim, dtype=ring_dtype),
-                alpha_cache=torch.zeros(batch, hv, ring_len, dim, dtype=gate_dtype),
+                alpha_cache=torch.zeros(batch, hv, ring_len, dim, dtype=gate_dtype),  # expect-bug: container id=ds-gate-dtype
                 write_pos=torch.zeros(batch, dtype=torch.int32),
             )
             states.append(state)

@@ -20,7 +20,7 @@ _DATA_TYPES = {
 # Storage of the ReplaySSM buffers per memory-manager policy; "model" is the model's data_type.
 DEFAULT_BUFFER_POLICY = {"state": "fp32", "delta": "model", "key": "model", "alpha": "fp32"}
 # selected by the ``compact_state`` mode
-COMPACT_BUFFER_POLICY = {  # expect-bug: imported-policy
+COMPACT_BUFFER_POLICY = {  # expect-bug: imported-policy id=ll-compact
     "state": "fp32",
     "delta": "model",
     "key": "model",

@@ -74,7 +74,7 @@ class DSReplayStateManager:
             self.ssm_state.append(torch.zeros(state_shape, dtype=torch.float32))
             self.delta_cache.append(torch.zeros(delta_shape, dtype=delta_dtype))
             self.key_cache.append(torch.zeros(key_shape, dtype=key_dtype))
-            self.alpha_cache.append(torch.zeros(alpha_shape, dtype=alpha_dtype))
+            self.alpha_cache.append(torch.zeros(alpha_shape, dtype=alpha_dtype))  # expect-bug: imported-policy id=ds-ring
         log_dist(f"allocated ReplaySSM rings for {self._num_layers} layers", ranks=[0])
 
     def get_or_create_sequence(self, uid: int) -> DSSequenceDescriptor:
@@ -180,9 +180,9 @@ def load_swapped_sequence(uid: int, path: str) -> SwappedSequence:
     layers = sorted({int(key.rpartition(".")[2]) for key in header})
 
     def read(name: str) -> list[torch.Tensor]:
-        return [_tensor_from(raw, header[f"{name}.{i}"]) for i in layers]
+        return [_tensor_from(raw, header[f"{name}.{i}"]) for i in layers]  # expect-bug: load id=ds-swap
 
-    alpha_cache = read("alpha_cache")  # expect-bug: load
+    alpha_cache = read("alpha_cache")  # expect-bug: load id=ds-swap
     return SwappedSequence(
         uid, read("ssm_state"), read("delta_cache"), read("key_cache"), alpha_cache
     )

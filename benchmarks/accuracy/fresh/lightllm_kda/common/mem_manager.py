@@ -47,7 +47,7 @@ class ReplayStateMemoryManager:
         shapes = self._buffer_shapes(slots)
         for name in BUFFER_NAMES:
             shape = (layer_num, *shapes[f"{name}_buffer"])
-            setattr(self, f"{name}_buffer", torch.zeros(shape, dtype=dtypes[name]))
+            setattr(self, f"{name}_buffer", torch.zeros(shape, dtype=dtypes[name]))  # expect-bug: imported-policy id=ll-compact
 
     def alloc(self, need_size):
         if need_size > self.can_use_mem_size:
