@@ -20,6 +20,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.callables import element_facts
+from replaylint.lint.dataflow.dtype_tables import table_entry_facts
 from replaylint.lint.dataflow.facts import CastValue, Float32Target, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.fixes.drafts import FixDraft
@@ -134,6 +135,9 @@ class Rule(Visitor):
         if binding.element is not None:
             facts = element_facts(self.provenance, binding.value, binding.element, binding.site)
             return facts or ()
+        entry = table_entry_facts(self.provenance, binding.statement, binding.value, binding.site)
+        if entry is not None:  # `{"d_cache": dtype, "g_cache": dtype}`: a dtype policy
+            return entry
         return self.provenance.tensor_facts(binding.value, binding.site)
 
     def subject(self, binding: GateCacheBinding) -> str:

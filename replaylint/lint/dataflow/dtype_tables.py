@@ -1,0 +1,47 @@
+"""Dtype tables keyed by cache name: the gate cache's entry is the dtype its ring is made with.
+
+``{"state": torch.float32, "d_cache": dtype, "k_cache": dtype, "g_cache": dtype}`` is no tensor,
+but a policy: whoever allocates the rings from it gives the gate ring the dtype of its
+``"g_cache"`` entry. A dict literal is such a table when another entry is a literal torch dtype;
+its gate-cache entry is then judged as an allocation's dtype would be (float32, a non-float32
+literal, or a dtype that is not provably float32), and the fix sets the entry to float32.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def table_entry_facts(
+    prov: Provenance, table: cst.CSTNode, entry: cst.BaseExpression, site: Site
+) -> tuple[TensorFact, ...] | None:
+    """The fact of ``entry``, the gate-cache value of the dict literal ``table``, when the dict
+    is a dtype table; None when it is not one."""
+    if not isinstance(table, cst.Dict):
+        return None
+    others = [
+        element.value
+        for element in table.elements
+        if isinstance(element, cst.DictElement) and element.value is not entry
+    ]
+    if not any(_literal_dtype(prov, value, site) for value in others):
+        return None
+    dtypes = prov.dtype_facts(entry, site)
+    if not dtypes:
+        return None
+    return (decided(dtypes, entry, SetDtype(entry)),)
+
+
+def _literal_dtype(prov: Provenance, value: cst.BaseExpression, site: Site) -> bool:
+    if not isinstance(value, (cst.Attribute, cst.Name)):
+        return False
+    facts = prov.dtype_facts(value, site)
+    return bool(facts) and all(fact.dtype is not None for fact in facts)
