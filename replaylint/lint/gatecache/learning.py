@@ -110,24 +110,33 @@ def _names_in(
         if not isinstance(node, ast.Call):
             continue
         written = _dotted(node.func)
-        yield from _keyword_names(node, written, filename, patterns)
-        if written is None:
+        entry = _entry_point_of(written, aliases, entry_points)
+        if entry is None:
+            yield from _keyword_names(node, written, filename, patterns)
             continue
-        head, _, rest = written.partition(".")
-        resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
-        for entry_point in entry_points:
-            if not (entry_point.matches(written) or entry_point.matches(resolved)):
-                continue
-            argument = _gate_argument(node, entry_point)
-            name = None if argument is None else _name_of(argument)
-            # a tensor the call also passes as another argument (one scratch ring for the d, k
-            # and g rings) is no gate cache by name: a fix of it would change the others too
-            others = [*node.args, *(keyword.value for keyword in node.keywords)]
-            if name is not None and not any(
-                other is not argument and _name_of(other) == name for other in others
-            ):
-                yield name, LearnedFrom(filename, node.lineno, written)
-            break
+        assert written is not None
+        argument = _gate_argument(node, entry)
+        name = None if argument is None else _name_of(argument)
+        # a tensor the call also passes as another argument (one scratch ring for the d, k
+        # and g rings) is no gate cache by name: a fix of it would change the others too
+        others = [*node.args, *(keyword.value for keyword in node.keywords)]
+        if name is not None and not any(
+            other is not argument and _name_of(other) == name for other in others
+        ):
+            yield name, LearnedFrom(filename, node.lineno, written)
+
+
+def _entry_point_of(
+    written: str | None, aliases: dict[str, str], entry_points: Sequence[EntryPoint]
+) -> EntryPoint | None:
+    if written is None:
+        return None
+    head, _, rest = written.partition(".")
+    resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
+    for entry_point in entry_points:
+        if entry_point.matches(written) or entry_point.matches(resolved):
+            return entry_point
+    return None
 
 
 def _keyword_names(
