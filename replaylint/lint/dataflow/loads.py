@@ -116,10 +116,10 @@ def _numpy_origin(prov: Provenance, expr: cst.BaseExpression, site: Site, env: E
     if isinstance(expr, cst.Name) and prov.enter():
         try:
             found = prov.lookup(expr.value, site, env) or []
-            origins = {
+            origins = {  # `with np.load(path) as dump:` binds the archive too
                 _numpy_origin(prov, b.value, s, env)
                 for b, s in found
-                if b.kind == "assign" and b.value is not None
+                if b.kind in {"assign", "with"} and b.value is not None
             }
             if "loaded" in origins:
                 return "loaded"

@@ -6,7 +6,8 @@ A gate cache is recognised by name: a variable (``g_cache``), the last part of a
 leading underscores stripped; each pattern also matches its plural (``g_caches``). Names taught by
 call sites of decode entry points ("learned" names) are added per run, with the call that taught
 them, so that a finding can say why a name counts; a learned name also matches its qualified
-variants (``pad_decay_ring`` once ``decay_ring`` is learned).
+variants (``pad_decay_ring`` once ``decay_ring`` is learned) and its variants with a word inside
+(``alpha_move_buffer`` once ``alpha_buffer`` is).
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ class GateCacheNames:
         # `pad_decay_ring` when `decay_ring` was learned
         suffixes = "|".join(re.escape(name) for name in sorted(self.learned))
         self._qualified = re.compile(f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)")
+        # ... and its variants with a word inside: `alpha_move_buffer` when `alpha_buffer` was
+        self._infixed = [
+            (
+                re.compile(f"{re.escape(head)}_[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_{re.escape(tail)}s?"),
+                name,
+            )
+            for name in sorted(self.learned)
+            if not self.learned[name].reason
+            for head, _, tail in [name.partition("_")]
+            if head and tail
+        ]
 
     def with_learned(self, learned: Mapping[str, LearnedFrom]) -> GateCacheNames:
         merged = dict(self.learned)
@@ -71,6 +83,7 @@ class GateCacheNames:
             self._regex.fullmatch(name.lower().lstrip("_")) is not None
             or name in self.learned
             or self._qualified.fullmatch(name) is not None
+            or any(infixed.fullmatch(name) for infixed, _ in self._infixed)
         )
 
     def is_plural(self, name: str) -> bool:
@@ -89,4 +102,9 @@ class GateCacheNames:
         if name in self.learned:
             return self.learned[name]
         qualified = self._qualified.fullmatch(name)
-        return self.learned[qualified.group(1)] if qualified is not None else None
+        if qualified is not None:
+            return self.learned[qualified.group(1)]
+        return next(
+            (self.learned[taught] for infixed, taught in self._infixed if infixed.fullmatch(name)),
+            None,
+        )
