@@ -166,10 +166,31 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
                     return True
                 if binding.value is not None and is_loaded(prov, binding.value, binding_site, env):
                     return True
+                iterated = _iterated(binding.statement, binding.node)
+                if iterated is not None and is_loaded(prov, iterated, binding_site, env):
+                    return True  # `for name, entry in state["layers"].items():`
             return False
         finally:
             prov.leave()
     return False
+
+
+def _iterated(statement: cst.CSTNode, target: cst.CSTNode) -> cst.BaseExpression | None:
+    """What a ``for`` loop's ``target`` takes its values from: the container for ``for v in c``
+    and ``for v in c.values()``, and for the second name of ``for k, v in c.items()``."""
+    if not isinstance(statement, cst.For):
+        return None
+    iterable = statement.iter
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute):
+        method, container = iterable.func.attr.value, iterable.func.value
+        if method == "values" and statement.target is target:
+            return container
+        if method == "items" and isinstance(statement.target, cst.Tuple):
+            elements = statement.target.elements
+            if len(elements) == 2 and elements[1].value is target:
+                return container
+        return None
+    return iterable if statement.target is target else None
 
 
 def checkpoint_name(name: str) -> bool:
