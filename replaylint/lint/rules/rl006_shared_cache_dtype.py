@@ -300,10 +300,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
     def _keyed(
         self, key: cst.BaseExpression, value: cst.BaseExpression, loops: Sequence[_Loop]
     ) -> None:
-        """``value`` is stored under the name ``key`` inside ``loops``: check gate iterations
-        (a per-layer list of rings, ``[torch.zeros(...) for _ in layers]``, by its element)."""
-        if isinstance(value, (cst.ListComp, cst.GeneratorExp)):
-            value = value.elt
+        """``value`` (or the element of a per-layer list) is stored under the name ``key``."""
+        value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
         if not _may_allocate(value):
             return
         for loop in reversed(loops):
