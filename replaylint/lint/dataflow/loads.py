@@ -26,6 +26,7 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
+from replaylint.lint.project.index import External, Found
 from replaylint.lint.syntax.nodes import (
     keyword_arg,
     literal_string,
@@ -139,6 +140,9 @@ def _numpy_float32(prov: Provenance, expr: cst.BaseExpression) -> bool:
     )
 
 
+_ALL_READERS = TORCH_LOADERS | NUMPY_LOADERS | TORCH_BUFFER_READERS
+
+
 def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV) -> bool:
     """Whether ``expr`` is (part of) a checkpoint read from disk."""
     if isinstance(expr, cst.Call):
@@ -149,7 +153,7 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
         receiver = method_receiver(prov.index, expr)
         if method in {"get", "pop"} and receiver is not None:
             return is_loaded(prov, receiver, site, env)
-        return False
+        return _project_loader(prov, expr, site, env)
     if isinstance(expr, cst.Subscript):
         return is_loaded(prov, expr.value, site, env)
     if isinstance(expr, cst.Attribute):
@@ -172,6 +176,32 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
             return False
         finally:
             prov.leave()
+    return False
+
+
+def _project_loader(prov: Provenance, call: cst.Call, site: Site, env: Env) -> bool:
+    """``load_tensors(blob)`` with ``load_tensors`` a function of another project module that
+    reads tensors (``torch.frombuffer``, ``torch.load`` ...) and casts none of them."""
+    if prov.project is None:
+        return False
+    from replaylint.lint.dataflow.imported import MALFORMED, as_value
+
+    try:
+        value = as_value(prov, call, site, env)
+        if value is None or value[1][0] != "ref":
+            return False
+        found = prov.project.resolve(str(value[1][2]))
+        if not isinstance(found, Found) or found.definition[0] != "function":
+            return False
+        index = prov.project.index
+        summary = index.summary(found.module)
+        readers = (summary or {}).get("loaders", {}).get(found.name, ())
+        for reader in readers:
+            target = index.value_target(found.module, reader, (), 0)
+            if isinstance(target, External) and target.name in _ALL_READERS:
+                return True
+    except MALFORMED:
+        return False
     return False
 
 

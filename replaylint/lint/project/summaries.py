@@ -35,8 +35,10 @@ Definition = list[Any]
 or ``["unknown", line]``."""
 Summary = dict[str, Any]
 """``{"names": {name: Definition}, "assigned": [attribute, ...], "lists": [attribute, ...],
-"imports": [[module, name], ...]}`` (every import of the module, at any depth; ``name`` is None
-for ``import module``; ``lists``: attributes of ``self`` that hold lists)."""
+"imports": [[module, name], ...], "loaders": {function: [reader, ...]}}`` (every import of the
+module, at any depth; ``name`` is None for ``import module``; ``lists``: attributes of ``self``
+that hold lists; ``loaders``: top-level functions that read tensors and cast nothing, with the
+callees that may read them)."""
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
@@ -78,6 +80,8 @@ class _Summariser:
         self.lists: set[str] = set()
         """Attributes of ``self`` the module binds to a list or adds elements to."""
         self.imports: set[tuple[str, str | None]] = set()
+        self.loaders: dict[str, list[Value]] = {}
+        """Functions that read tensors from bytes or files and cast nothing: their readers."""
         self.dynamic = False
         """The module rebinds names in ways not followed (a star import, ``globals()``)."""
 
@@ -98,6 +102,7 @@ class _Summariser:
             "assigned": sorted(self.assigned),
             "lists": sorted(self.lists),
             "imports": [list(item) for item in sorted(self.imports, key=str)],
+            "loaders": self.loaders,
         }
 
     # ------------------------------------------------------------------ top-level statements
@@ -128,6 +133,9 @@ class _Summariser:
                 self._define(name, ["value", line, value])
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._define(statement.name, self._function(statement))
+            reads = _raw_reads(statement, lambda node: _Values(self, {}).value(node))
+            if reads:
+                self.loaders[statement.name] = reads
         elif isinstance(statement, ast.ClassDef):
             self._define(statement.name, self._class(statement))
         elif isinstance(statement, _CONDITIONAL):
@@ -312,6 +320,29 @@ class _Summariser:
 
     def _member_value(self, node: ast.expr) -> Value:
         return _Values(self, {}, in_class=True).value(node)
+
+
+_READERS = frozenset({"load", "frombuffer", "from_file", "load_file", "memmap", "fromfile"})
+_CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "astype"})
+
+
+def _raw_reads(function: ast.FunctionDef | ast.AsyncFunctionDef, value_of: Any) -> list[Value]:
+    """The calls of ``function`` that may read tensors (``torch.load``, ``torch.frombuffer``,
+    ``np.load`` ... by their last name; the importer resolves them), when it returns something
+    and casts nothing: what it returns is read as stored."""
+    reads: list[Value] = []
+    returns = False
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            returns = True
+        if not isinstance(node, ast.Call):
+            continue
+        name = _dotted(node.func).rpartition(".")[2]
+        if name in _CASTS:
+            return []
+        if name in _READERS and isinstance(node.func, (ast.Name, ast.Attribute)):
+            reads.append(value_of(node.func))
+    return reads if returns else []
 
 
 def _imported(statement: ast.Import | ast.ImportFrom) -> list[tuple[str, Value]]:
