@@ -189,3 +189,47 @@ def test_every_rule_says_which_call_taught_a_learned_name() -> None:
             code,
             message,
         )
+
+
+# --------------------------------------------------------------- wrappers, records and mappings
+@pytest.mark.parametrize(
+    ("source", "name"),
+    [
+        ("layer(x, g_cache=cache.log_alpha)\n", "log_alpha"),  # a wrapper of the entry point
+        ("ReplayBuffers(d_cache=d, k_cache=k, g_cache=decay_rows)\n", "decay_rows"),  # a record
+        ('inputs = {"d_cache": d, "g_cache": cache.log_alpha}\n', "log_alpha"),  # **kwargs
+        ("step(x, gate_cache=self.alpha_ring)\n", "alpha_ring"),  # any gate-cache keyword
+    ],
+)
+def test_a_value_passed_for_a_gate_cache_keyword_or_key_teaches_its_name(
+    source: str, name: str
+) -> None:
+    learned = learn_gate_cache_names([("m.py", source)], DEFAULT_ENTRY_POINTS)
+    assert list(learned) == [name]
+
+
+def test_a_keyword_or_key_that_passes_another_ring_too_teaches_nothing() -> None:
+    sources = [
+        ("m.py", "step(x, d_cache=scratch, g_cache=scratch)\n"),
+        ("n.py", '{"k_cache": ring, "g_cache": ring}\n'),
+    ]
+    assert learn_gate_cache_names(sources, DEFAULT_ENTRY_POINTS) == {}
+
+
+def test_a_file_with_a_gate_cache_keyword_but_no_entry_point_is_read() -> None:
+    # no `replayssm_decode` in the text: the gate-cache pattern's literal piece admits it
+    learned = learn_gate_cache_names(
+        [("m.py", "layer(x, g_cache=self.decay_ring)\n")], DEFAULT_ENTRY_POINTS
+    )
+    assert learned["decay_ring"].describe() == (
+        "passed as the gate cache of `layer(g_cache=...)` at m.py:1"
+    )
+
+
+def test_a_learned_name_matches_its_variants_with_a_word_inside() -> None:
+    names = GateCacheNames().with_learned({"alpha_buffer": LearnedFrom("m.py", 1, "f")})
+    assert names.matches("alpha_move_buffer")
+    assert names.matches("alpha_host_move_buffer")
+    assert names.learned_from("alpha_move_buffer") == LearnedFrom("m.py", 1, "f")
+    assert not names.matches("alpha_buffering")
+    assert not names.matches("beta_move_buffer")

@@ -84,6 +84,10 @@ def _made(
     if not any(_is_cast(branch) for branch in branches):
         return (_allocation(evaluation, callee, value, context, call, site, env),)
     _, inner = evaluation.called(callee, value[2], value[3], context)
+    if result[0] == "either" and len(result) > 2 and result[2]:
+        # `t if t.dtype == dtype else t.to(dtype)`: the tensor is returned as it is only when
+        # it has the dtype already, so the result has the cast's dtype either way
+        branches = [branch for branch in branches if branch[0] != "param"]
     facts: list[TensorFact] = []
     for branch in branches:
         if branch[0] == "param":  # the tensor passed, as it is
@@ -122,7 +126,8 @@ def _cast(
     detail = f"`{helper}(...)` ({describe_origins(callee.origins)[5:]})"
     if method in _CAST_METHODS:
         dtypes = (DtypeFact(_CAST_METHODS[method], call),)
-        return TensorFact(Kind.CAST, call, dtypes=dtypes, call=call, detail=detail)
+        kind = Kind.FLOAT32 if method == "float" else Kind.CAST
+        return TensorFact(kind, call, dtypes=dtypes, call=call, detail=detail)
     arguments = [*cast[2], *(v for k, v in cast[3] if k == "dtype")]
     dtype = next((a for a in arguments if a[0] == "param"), arguments[0] if arguments else None)
     if dtype is None:
@@ -132,10 +137,14 @@ def _cast(
         if not isinstance(bound, Here):
             raise Unknown
         facts = prov.dtype_facts(bound.expr, bound.site, bound.env)
+        if facts and all(f.is_float32 for f in facts):
+            return TensorFact(Kind.FLOAT32, call, dtypes=facts)
         # the helper's one result is the cast: float32 passed here makes it float32
         target = SetDtype(bound.expr)
         return TensorFact(Kind.CAST, call, dtypes=facts, call=call, detail=detail, target=target)
     facts = tuple(evaluation.dtypes(dtype, inner))
+    if facts and all(f.is_float32 for f in facts):
+        return TensorFact(Kind.FLOAT32, call, dtypes=facts)
     return TensorFact(Kind.CAST, call, dtypes=facts, call=call, detail=detail)
 
 

@@ -11,7 +11,8 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
 ``["table", [[key, v], ...]]`` a dict with literal keys; ``["tuple", [v, ...]]``;
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
-``["either", [v, v]]`` one of two values (a conditional expression);
+``["either", [v, v], dtype_test]`` one of two values (a conditional expression; ``dtype_test``:
+its test compares a tensor's dtype);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
@@ -322,6 +323,14 @@ class _Summariser:
         return _Values(self, {}, in_class=True).value(node)
 
 
+def _compares_dtype(test: ast.expr) -> bool:
+    """``t.dtype == dtype``, ``x.dtype is torch.float32``: a test of a tensor's dtype."""
+    if not isinstance(test, ast.Compare):
+        return False
+    operands = [test.left, *test.comparators]
+    return any(isinstance(o, ast.Attribute) and o.attr == "dtype" for o in operands)
+
+
 _READERS = frozenset({"load", "frombuffer", "from_file", "load_file", "memmap", "fromfile"})
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "astype"})
 
@@ -440,7 +449,8 @@ class _Values:
                 [[k.arg, self.value(k.value)] for k in node.keywords],
             ]
         if isinstance(node, ast.IfExp):  # either branch: the test is not evaluated
-            return ["either", [self.value(node.body), self.value(node.orelse)]]
+            branches = [self.value(node.body), self.value(node.orelse)]
+            return ["either", branches, _compares_dtype(node.test)]
         if isinstance(node, ast.Lambda):
             params = _params(self.summariser, node.args)
             if params is None:

@@ -1,0 +1,89 @@
+"""Helpers of other project modules that cast or read tensors, and the loads a module makes
+through ``with`` and loops: each case is linted with its project index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from project_support import fix_in_project, lint_in_project
+
+from replaylint.lint.engine import Linter
+
+_UTILS = """
+import torch
+
+
+def to_dtype(tensor, dtype):
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def wire(tensor):
+    return tensor.half()
+
+
+def load_tensors(blob, dtypes):
+    tensors = {}
+    for name, (start, end, dtype) in dtypes.items():
+        tensors[name] = torch.frombuffer(bytearray(blob[start:end]), dtype=dtype)
+    return tensors
+
+
+def load_as_float(blob):
+    return {k: v.float() for k, v in torch.load(blob).items()}
+"""
+
+
+def _rows(tmp_path: Path, body: str) -> list[tuple[int, str]]:
+    user = f"import torch\nfrom .utils import load_as_float, load_tensors, to_dtype, wire\n\n{body}"
+    files = {"pkg/__init__.py": "", "pkg/utils.py": _UTILS, "pkg/user.py": user}
+    return [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("def f(ring, dtype):\n    g_cache = to_dtype(ring, dtype)\n", [(5, "RL004")]),
+        ("def f(ring):\n    g_cache = to_dtype(ring, torch.bfloat16)\n", [(5, "RL004")]),
+        ("def f(ring):\n    g_cache = to_dtype(ring, torch.float32)\n", []),
+        ("def f(ring):\n    g_cache = wire(ring)\n", [(5, "RL004")]),
+        ("def f(blob, d):\n    g_cache = load_tensors(blob, d)['g_cache']\n", [(5, "RL005")]),
+        ("def f(blob):\n    g_cache = load_as_float(blob)['g_cache']\n", []),
+    ],
+)
+def test_helpers_of_another_module_that_cast_or_read(
+    tmp_path: Path, body: str, expected: list[tuple[int, str]]
+) -> None:
+    assert _rows(tmp_path, body) == expected
+
+
+def test_a_cast_helper_is_fixed_at_the_call(tmp_path: Path) -> None:
+    user = (
+        "import torch\nfrom .utils import to_dtype\n\n"
+        "def f(ring):\n    g_cache = to_dtype(ring, torch.bfloat16)\n    return g_cache\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/utils.py": _UTILS, "pkg/user.py": user}
+    fixed = fix_in_project(tmp_path, files, "pkg/user.py")
+    assert "g_cache = to_dtype(ring, torch.float32)" in fixed
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "with np.load(path) as dump:\n        g_cache = torch.from_numpy(dump['g_cache'])\n",
+        "state = torch.load(path)\n    for name, entry in state['layers'].items():\n"
+        "        g_cache = entry['g_cache']\n",
+        "for entry in torch.load(path).values():\n        g_cache = entry['g_cache']\n",
+    ],
+)
+def test_loads_through_with_and_loops(body: str) -> None:
+    source = f"import numpy as np\nimport torch\n\ndef restore(path):\n    {body}"
+    assert [f.code for f in Linter().check(source, "m.py")] == ["RL005"]
+
+
+def test_a_loop_over_the_keys_of_a_load_reads_no_tensor() -> None:
+    source = (
+        "import torch\n\ndef restore(path):\n"
+        "    for g_cache in torch.load(path).keys():\n        print(g_cache)\n"
+    )
+    assert Linter().check(source, "m.py") == []

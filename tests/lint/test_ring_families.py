@@ -1,0 +1,146 @@
+"""What the analysis learns from how code names and passes its three rings: gate-cache names that
+follow from the d and k rings' names beside them, arguments that functions of the module take as
+their gate cache, and dtype tables keyed by cache name."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.siblings import sibling_names
+
+_LEARNED = GateCacheNames().with_learned({"alpha_buffer": LearnedFrom("layer.py", 3, "decode")})
+
+
+def _codes(source: str) -> list[tuple[int, str]]:
+    return [(f.location.row, f.code) for f in Linter(gate_caches=_LEARNED).check(source, "m.py")]
+
+
+@pytest.mark.parametrize(
+    ("text", "derived"),
+    [
+        ("mm.alpha_buffer; mm.delta_buffer; rows = (delta_rows, key_rows, alpha_rows)", ["alpha_rows"]),
+        ("mm.alpha_buffer\ndelta = a\nkey = b\nalpha = c\n", ["alpha"]),
+        ("mm.alpha_buffer\nself.spec_delta = a\nself.spec_key = b\nself.spec_alpha = c\n", ["spec_alpha"]),
+        ("g_cache = x\nd_rows = a\nk_rows = b\ng_rows = c\n", ["g_rows"]),
+    ],
+)  # fmt: skip
+def test_a_name_beside_its_d_and_k_siblings_is_a_gate_cache(text: str, derived: list[str]) -> None:
+    assert sorted(sibling_names(_LEARNED, text, "m.py")) == derived
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # no k sibling
+        "mm.alpha_buffer\ndelta_rows = a\nalpha_rows = c\n",
+        # metadata words name no ring
+        "mm.alpha_buffer\ndelta_shape = a\nkey_shape = b\nalpha_shape = c\n",
+        # `d` and `k` alone are too weak beside a one-word name
+        "g_cache = x\nd = a\nk = b\nlog = c\n",
+        # the projection beside q/k/v projections is no ring: no d sibling
+        "g_cache = x\nq_proj = a\nk_proj = b\nv_proj = c\ng_proj = d\n",
+        # the family's shared word is never the gate's own
+        "g_cache = x\nd_cache = a\nk_cache = b\ncache = c\n",
+    ],
+)
+def test_no_gate_cache_without_both_siblings_and_a_ring_word(text: str) -> None:
+    assert sibling_names(_LEARNED, text, "m.py") == {}
+
+
+def test_a_derived_name_is_reported_with_why() -> None:
+    source = (
+        "import torch\n\nclass Graph:\n    def __init__(self, mm, shape):\n"
+        "        self.delta_rows = torch.zeros(shape, dtype=mm.delta_buffer.dtype)\n"
+        "        self.key_rows = torch.zeros(shape, dtype=mm.key_buffer.dtype)\n"
+        "        self.alpha_rows = torch.zeros(shape, dtype=torch.bfloat16)\n"
+        "        self.alpha_source = mm.alpha_buffer\n"
+    )
+    findings = Linter(gate_caches=_LEARNED).check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(7, "RL001")]
+    assert "named like the gate ring `alpha_buffer` beside `delta_rows` and `key_rows`" in (
+        findings[0].message
+    )
+
+
+# --------------------------------------------------------------- gate-cache parameters
+_CACHE = """\
+import torch
+
+
+class ReplayCache:
+    @classmethod
+    def from_tensors(cls, d_ring, k_ring, log_alpha):
+        cache = cls()
+        cache.log_alpha = log_alpha
+        return cache
+
+
+def fork(d_rows, k_rows):
+    fresh = torch.empty_like(d_rows)
+    return ReplayCache.from_tensors(d_rows, k_rows, fresh)
+"""
+
+
+def test_an_argument_for_a_gate_cache_parameter_of_the_module_is_a_gate_cache() -> None:
+    names = GateCacheNames().with_learned({"log_alpha": LearnedFrom("m.py", 1, "f")})
+    findings = Linter(gate_caches=names).check(_CACHE, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(13, "RL003")]
+    assert "log_alpha=fresh" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("body", "reported"),
+    [
+        ("return g_cache if g_cache.dtype == torch.float32 else g_cache.float()", False),
+        ("self.g_cache = g_cache", True),
+    ],
+)
+def test_a_helper_that_converts_its_gate_argument_takes_any_dtype(
+    body: str, reported: bool
+) -> None:
+    source = (
+        f"import torch\n\ndef adopt(self, g_cache):\n    {body}\n\n"
+        "adopt(pool, torch.zeros(4, dtype=torch.bfloat16))\n"
+    )
+    assert _codes(source) == ([(6, "RL001")] if reported else [])
+
+
+def test_a_gate_cache_passed_on_by_its_own_name_is_checked_once() -> None:
+    source = (
+        "import torch\nfrom typing import NamedTuple\n\n"
+        "class Seed(NamedTuple):\n    d_cache: torch.Tensor\n    g_cache: torch.Tensor\n\n"
+        "def seed(d):\n    g_cache = torch.zeros(4, dtype=torch.bfloat16)\n"
+        "    return Seed(d, g_cache), {'g_cache': g_cache}, dict(g_cache=g_cache)\n"
+    )
+    assert _codes(source) == [(9, "RL001")]
+
+
+# --------------------------------------------------------------- dtype tables
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("torch.bfloat16", [(6, "RL001")]),
+        ("dtype", [(6, "RL002")]),
+        ("torch.float32", []),
+    ],
+)
+def test_the_gate_entry_of_a_dtype_table_is_the_gate_rings_dtype(
+    entry: str, expected: list[tuple[int, str]]
+) -> None:
+    source = (
+        "import torch\n\ndef cache_dtypes(dtype):\n"
+        '    return {\n        "state": torch.float32,\n'
+        f'        "g_cache": {entry},\n'
+        '        "d_cache": dtype,\n    }\n'
+    )
+    assert _codes(source) == expected
+    if expected:
+        fixed = Linter().fix(source, "m.py", unsafe=True).source
+        assert '"g_cache": torch.float32,' in fixed
+
+
+def test_a_dict_of_tensors_is_no_dtype_table() -> None:
+    source = "import torch\n\ndef rings(d, g):\n    return {'d_cache': d, 'g_cache': g}\n"
+    assert _codes(source) == []
