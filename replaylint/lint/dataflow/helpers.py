@@ -48,4 +48,58 @@ def called_function(
                 )
                 class_index = site.scopes.index(owner)
                 return binding.node, (*site.scopes[: class_index + 1], binding.node), not static
+        return None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        owner = _class_of(index, provenance, func.value, site)
+        if owner is None:
+            return None
+        for binding in index.scope(owner).bindings.get(func.attr.value, ()):
+            if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
+                decorators = {dotted(d.decorator) for d in binding.node.decorators}
+                if "staticmethod" in decorators:
+                    return binding.node, (index.module, owner, binding.node), False
+                if (
+                    owner is _module_class(index, func.value.value)
+                    and "classmethod" not in decorators
+                ):
+                    return None  # `Cache.rings(cache)`: the instance is an argument
+                return binding.node, (index.module, owner, binding.node), True
+    return None
+
+
+def _class_of(
+    index: ModuleIndex, provenance: Provenance, name: cst.Name, site: Site
+) -> cst.ClassDef | None:
+    """The module-level class ``name`` is (``Cache.make()``) or is an instance of: a parameter
+    annotated with it (``cache: Cache``, ``"Cache"``) or a local bound once to ``Cache(...)``."""
+    found = provenance.lookup(name.value, site) or []
+    if len(found) != 1:
+        return None
+    binding = found[0][0]
+    if binding.kind == "definition" and isinstance(binding.node, cst.ClassDef):
+        return binding.node if binding.node in index.module.body else None
+    written: str | None = None
+    if binding.kind == "param" and isinstance(binding.node, cst.Param):
+        annotation = binding.node.annotation
+        node = annotation.annotation if annotation is not None else None
+        text = node.evaluated_value if isinstance(node, cst.SimpleString) else None
+        written = text if isinstance(text, str) else (dotted(node) if node is not None else None)
+    elif binding.kind == "assign" and isinstance(binding.value, cst.Call):
+        written = dotted(binding.value.func)
+    return _module_class(index, written) if written else None
+
+
+def _module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:
+    for statement in index.module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == name:
+            return statement
+    return None
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
     return None

@@ -228,6 +228,9 @@ def _literal_items(
     if not isinstance(expr, cst.Call):
         return None
     args = positional_args(expr)
+    returned = _returned_literal(prov, expr, site)
+    if returned is not None:  # `names()`, `self.rings()`: a function of the module returns it
+        return _literal_items(prov, returned[0], returned[1], depth + 1)
     if isinstance(expr.func, cst.Name) and len(args) == len(expr.args):
         function = expr.func.value
         if function in {"list", "tuple"} and len(args) == 1:
@@ -256,6 +259,9 @@ def _literal_items(
             if not found or len(found) != 1:
                 return None
             mapping, mapping_site = found[0][0].value, found[0][1]
+        elif isinstance(mapping, cst.Call):
+            returned = _returned_literal(prov, mapping, site)
+            mapping, mapping_site = returned if returned is not None else (None, site)
         if not isinstance(mapping, cst.Dict):
             return None
         elements = [e for e in mapping.elements if isinstance(e, cst.DictElement)]
@@ -267,6 +273,26 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _returned_literal(
+    prov: Provenance, call: cst.Call, site: Site
+) -> tuple[cst.BaseExpression, Site] | None:
+    """The literal collection a function or method of the module returns, when its one
+    ``return`` returns one (``def rings(self): return {"d_cache": ..., "g_cache": ...}``)."""
+    from replaylint.lint.dataflow.helpers import called_function
+
+    found = called_function(prov.index, prov, call, site)
+    if found is None:
+        return None
+    function, scopes, _ = found
+    returns = prov.index.scope(function).returns
+    if len(returns) != 1 or returns[0][0].value is None:
+        return None
+    value = returns[0][0].value
+    if not isinstance(value, (cst.Tuple, cst.List, cst.Dict)):
+        return None
+    return value, Site(scopes, returns[0][1])
 
 
 def element_env(comprehension: cst.ListComp | cst.GeneratorExp, site: Site, env: Env) -> Env:
