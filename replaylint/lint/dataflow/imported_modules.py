@@ -15,19 +15,31 @@ parameter annotated with the class.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from replaylint.lint.dataflow.imported import MALFORMED, as_value
+from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.strings import NO_ENV
-from replaylint.lint.project.gate_buffers import ImportedGateBuffer, class_gate_buffer, class_value
+from replaylint.lint.project.gate_buffers import (
+    ImportedGateBuffer,
+    class_gate_buffer,
+    class_value,
+    imports_gate_buffer_class,
+)
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.nodes import dotted_name, literal_string
 from replaylint.lint.syntax.sites import Site
 
-__all__ = ["ImportedGateBuffer", "imported_gate_buffer"]
+__all__ = [
+    "ImportedGateBuffer",
+    "imported_gate_buffer",
+    "imports_gate_buffer_class",
+    "imports_gate_buffer_holder",
+]
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -35,6 +47,22 @@ if TYPE_CHECKING:
 _MAX_DEPTH = 6
 _CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
 _CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
+
+
+_HOLDER_IMPORTS: weakref.WeakKeyDictionary[ModuleIndex, bool] = weakref.WeakKeyDictionary()
+
+
+def imports_gate_buffer_holder(prov: Provenance) -> bool:
+    """Whether the module imports a project class that holds a gate buffer (asked once per
+    module: most modules import none, and their casts need no further question)."""
+    known = _HOLDER_IMPORTS.get(prov.index)
+    if known is None:
+        project = prov.project
+        known = project is not None and imports_gate_buffer_class(
+            project.index, prov.index.gate_caches.matches, project.module
+        )
+        _HOLDER_IMPORTS[prov.index] = known
+    return known
 
 
 def imported_gate_buffer(

@@ -78,7 +78,8 @@ class BindingWalker(Visitor):
         self._statements: list[cst.CSTNode] = []
         self._walrus_shared: dict[int, tuple[str, ...]] = {}
         self._record_fields: dict[str, list[str]] | None = None
-        self._signatures: dict[str, list[str] | None] | None = None
+        self._signatures: dict[str, tuple[cst.FunctionDef, list[str]] | None] | None = None
+        self._converted: dict[int, set[str]] = {}
         self._lists: frozenset[str] | None = None
         self._maybe_lists: frozenset[str] | None = None
 
@@ -372,7 +373,9 @@ class BindingWalker(Visitor):
 
     def _gate_parameters_of(self, func: cst.BaseExpression) -> list[tuple[int, str]]:
         """(position, name) of the gate-cache parameters of the module's function, method or
-        class (its ``__init__``) that ``func`` calls, among the arguments the call writes."""
+        class (its ``__init__``) that ``func`` calls, among the arguments the call writes; a
+        parameter the function converts rather than keeps (``def as_fp32(g_cache): return
+        g_cache.float()`` takes any dtype) is none."""
         if self._signatures is None:
             self._signatures = _signatures(self.module)
         if isinstance(func, cst.Name):
@@ -381,10 +384,17 @@ class BindingWalker(Visitor):
             key = f".{func.attr.value}"
         else:
             return []
-        parameters = self._signatures.get(key)
-        if not parameters:
+        signature = self._signatures.get(key)
+        if signature is None:
             return []
-        return [(i, name) for i, name in enumerate(parameters) if self.names.matches(name)]
+        function, parameters = signature
+        gate = [(i, name) for i, name in enumerate(parameters) if self.names.matches(name)]
+        if not gate:
+            return []
+        converted = self._converted.get(id(function))
+        if converted is None:
+            converted = self._converted[id(function)] = _converted(function)
+        return [(i, name) for i, name in gate if name not in converted]
 
     def _fields_of(self, func: cst.BaseExpression) -> list[str] | None:
         """The fields, in order, of the module-level record class ``func`` names."""
@@ -400,19 +410,22 @@ class BindingWalker(Visitor):
         return self._record_fields.get(func.value)
 
 
-def _signatures(module: cst.Module) -> dict[str, list[str] | None]:
+def _signatures(module: cst.Module) -> dict[str, tuple[cst.FunctionDef, list[str]] | None]:
     """The positional parameters, as a call writes its arguments, of the module's functions
     (``name``), classes (``name``: their ``__init__``) and methods (``.name``: called on an
     instance or a class, so without ``self``/``cls``). A name defined twice is None: which one
     a call reaches is not certain."""
-    found: dict[str, list[str] | None] = {}
+    found: dict[str, tuple[cst.FunctionDef, list[str]] | None] = {}
 
-    def define(key: str, parameters: list[str]) -> None:
-        found[key] = None if key in found and found[key] != parameters else parameters
+    def define(key: str, function: cst.FunctionDef, parameters: list[str]) -> None:
+        if key not in found:
+            found[key] = (function, parameters)
+        elif (known := found[key]) is None or known[1] != parameters:
+            found[key] = None
 
     for statement in module.body:
         if isinstance(statement, cst.FunctionDef):
-            define(statement.name.value, _positional(statement, method=False))
+            define(statement.name.value, statement, _positional(statement, method=False))
         elif isinstance(statement, cst.ClassDef):
             body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
             for member in body:
@@ -420,21 +433,17 @@ def _signatures(module: cst.Module) -> dict[str, list[str] | None]:
                     continue
                 parameters = _positional(member, method=True)
                 if member.name.value == "__init__":
-                    define(statement.name.value, parameters)
-                define(f".{member.name.value}", parameters)
+                    define(statement.name.value, member, parameters)
+                define(f".{member.name.value}", member, parameters)
     return found
 
 
 def _positional(function: cst.FunctionDef, *, method: bool) -> list[str]:
-    """Positional parameter names; a parameter the function converts rather than keeps is
-    named ``""`` (``def as_fp32(g_cache): return g_cache.float()`` takes any dtype)."""
     parameters = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
     static = any(
         isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
         for d in function.decorators
     )
-    converted = _converted(function)
-    parameters = ["" if name in converted else name for name in parameters]
     return parameters[1:] if method and not static and parameters else parameters
 
 

@@ -57,10 +57,15 @@ def learn_gate_cache_names(
     pass reports them.
     """
     patterns = known if known is not None else GateCacheNames()
-    needles = learning_needles(entry_points, patterns)
+    needles = entry_point_needles(entry_points)
+    passing = _passing_pattern(patterns)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
-        if needles is not None and not any(needle in text for needle in needles):
+        if (
+            needles is not None
+            and not any(needle in text for needle in needles)
+            and not _may_teach(passing, text, patterns)
+        ):
             continue
         if too_large(text) is not None:  # the checking pass reports it
             continue
@@ -86,6 +91,31 @@ def entry_point_needles(entry_points: Sequence[EntryPoint]) -> list[str] | None:
             return None
         needles.append(max(pieces, key=len).rpartition(".")[2] or max(pieces, key=len))
     return needles
+
+
+def _may_teach(passing: re.Pattern[str], text: str, names: GateCacheNames) -> bool:
+    """Whether some keyword or key of ``text`` passes a value that may teach a name: one whose
+    written name is not a gate cache already (``g_cache=g_cache`` teaches nothing)."""
+    for match in passing.finditer(text):
+        value = _WRITTEN_VALUE.match(text, match.end())
+        if value is None:
+            continue
+        last = value.group(1).rpartition(".")[2]
+        if not names.matches(last) and last.lower() not in TOO_GENERIC_TO_LEARN:
+            return True
+    return False
+
+
+_WRITTEN_VALUE = re.compile(r"\s*([A-Za-z_][\w.]*)")
+
+
+def _passing_pattern(names: GateCacheNames) -> re.Pattern[str]:
+    """Text that passes a value for a gate-cache name: ``g_cache=`` (a keyword) or
+    ``"g_cache":`` (a key), for the names' literal pieces; files without it teach nothing but
+    through entry-point calls."""
+    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
+    words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
+    return re.compile(rf"[(,]\s*\w*(?:{words})\w*\s*=(?!=)|['\"]\w*(?:{words})\w*['\"]\s*:")
 
 
 def learning_needles(entry_points: Sequence[EntryPoint], names: GateCacheNames) -> list[str] | None:

@@ -56,9 +56,12 @@ def class_gate_buffer(
 def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str) -> bool:
     """Whether ``module`` imports (``from x import Y``) a project class that holds a gate buffer:
     the pre-filter's question for a file that mentions no gate cache but may cast a model."""
+    known = index.holder_names
+    if known is not None and not known:
+        return False
     summary = index.summary(module)
     for spec, name in summary["imports"] if summary is not None else ():
-        if name is None:
+        if name is None or (known is not None and name not in known):
             continue
         target = index.value_target(module, ["ref", spec, name], (), 0)
         if (

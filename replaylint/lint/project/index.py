@@ -114,6 +114,10 @@ class ProjectIndex:
     modules: Mapping[str, str]
     """Module name -> path."""
     loader: SummaryLoader
+    holder_names: frozenset[str] | None = None
+    """Names of the project's classes that hold a gate buffer, when a run has found them all
+    (:mod:`replaylint.lint.run.model_classes`): other imported names need no summary to say
+    they hold none."""
     _summaries: dict[str, tuple[Summary | None, str]] = field(default_factory=dict)
     _by_path: dict[str, str] = field(default_factory=dict)
     _used: dict[str, str] = field(default_factory=dict)

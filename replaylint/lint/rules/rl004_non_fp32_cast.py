@@ -6,7 +6,10 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
-from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
+from replaylint.lint.dataflow.imported_modules import (
+    imported_gate_buffer,
+    imports_gate_buffer_holder,
+)
 from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.submodules import (
     GateBufferHolders,
@@ -539,8 +542,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             def fp16_inference(config):
                 return replaylint.guards.keep_fp32_gate_caches(KimiForCausalLM.from_config(config)).half()
             """,
-            message_contains="held by `DecoderLayer.mixer`, itself held by "
-            "`KimiForCausalLM.layer{i}`",
+            message_contains="held by `DecoderLayer.mixer`, itself held by `KimiForCausalLM.layer{i}`",
         ),
     )
 
@@ -564,7 +566,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                     fix = protect_before_cast(module, node, cast.buffer.name)
                     self.report(node, module_cast_message(self.context, node, cast), fix=fix)
                 return
-        if prov.project is not None and isinstance(node.func, cst.Attribute):
+        if isinstance(node.func, cst.Attribute) and imports_gate_buffer_holder(prov):
             dtypes = module_cast_dtypes(prov, node, site)
             imported = None if dtypes is None else imported_gate_buffer(prov, node.func.value, site)
             if dtypes is None or imported is None or guarded_instance(prov, node, site):

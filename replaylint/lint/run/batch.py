@@ -374,8 +374,6 @@ def _rescan_for_model_casts(
     if not naming:
         return
     others = [info.item.path for info in known.values() if info.scanned and not info.stage_one]
-    if not any(path in linted for path in others):
-        return
     from replaylint.lint.run.model_classes import model_casting_files
 
     def read(path: Path) -> bytes | None:

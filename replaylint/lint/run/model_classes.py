@@ -16,6 +16,7 @@ to hold a gate buffer later is seen by its importers when they change, or with `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -41,7 +42,15 @@ def model_casting_files(
     examined: set[str] = set()
     holders: set[str] = set()
     mentioning: set[Path] = set()
-    frontier = list(naming_gate_caches)
+    # only a file whose text registers a buffer named like a gate cache defines a first holder
+    registering = files_containing(
+        [str(path) for path in naming_gate_caches], [b"register_buffer", b"buffer("], jobs
+    )
+    frontier = [
+        path
+        for path in naming_gate_caches
+        if str(path) in registering and _registers_gate_buffer(read(path), names)
+    ]
     rest = list(others)
     for _ in range(_ROUNDS):
         found = _holder_classes(index, names, frontier, examined) - holders
@@ -56,12 +65,31 @@ def model_casting_files(
         mentioning.update(frontier)
         rest = [path for path in rest if str(path) not in hits]
     index.take_used()  # what the stage read is no file's dependency
+    index.holder_names = frozenset(holders)
     casting: set[Path] = set()
     for path in mentioning:
         raw = read(path)
         if raw is None or MODULE_CAST_CALL.search(raw.decode("utf-8", "replace")):
             casting.add(path)  # an unreadable file goes to the analysis, which reports it
     return casting
+
+
+_REGISTERED = re.compile(
+    rb"register_buffer\s*\(\s*[fFrR]?['\"](?P<registered>[^'\"]*)['\"]"
+    rb"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
+)
+
+
+def _registers_gate_buffer(raw: bytes | None, names: GateCacheNames) -> bool:
+    if raw is None:
+        return False
+    for match in _REGISTERED.finditer(raw):
+        written = (match.group("registered") or match.group("assigned") or b"").decode(
+            "utf-8", "replace"
+        )
+        if names.matches(re.sub(r"\{[^}]*\}", "0", written)):
+            return True
+    return False
 
 
 def _holder_classes(
