@@ -43,6 +43,8 @@ def test_a_name_beside_its_d_and_k_siblings_is_a_gate_cache(text: str, derived: 
         "g_cache = x\nq_proj = a\nk_proj = b\nv_proj = c\ng_proj = d\n",
         # the family's shared word is never the gate's own
         "g_cache = x\nd_cache = a\nk_cache = b\ncache = c\n",
+        # nor is a word that qualifies it in the middle (`move` of `alpha_move_buffer`)
+        "self.alpha_move_buffer = a\nfor name in ('delta', 'key'):\n    move = b\n",
     ],
 )
 def test_no_gate_cache_without_both_siblings_and_a_ring_word(text: str) -> None:

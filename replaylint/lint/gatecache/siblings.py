@@ -6,7 +6,7 @@ Code names its three rings in parallel: a pool holds ``delta_buffer``, ``key_buf
 ``alpha_buffer``, a gather returns ``delta``, ``key`` and ``alpha``, a graph keeps
 ``delta_rows``, ``key_rows`` and ``alpha_rows``, a speculative manager ``spec_delta``,
 ``spec_key`` and ``spec_alpha``. Once a gate-cache name (by pattern or learned) appears in a file,
-each word of it (``alpha``) may be the gate ring's *stem*: another name of the file with that word
+its first or last word (``alpha``) may be the gate ring's *stem*: another name of the file with that word
 (``alpha_rows``) is a gate cache when the same name with the word replaced by the d ring's
 (``d``, ``delta``) and by the k ring's (``k``, ``key``) both appear in the file too. Words that
 name a tensor's metadata (``_shape``, ``_dtype``, ``_idx`` ...) form no ring names, and names too
@@ -40,7 +40,10 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
     identifiers = set(_IDENTIFIER.findall(text))
     stems: dict[str, str] = {}  # a word of a gate-cache name -> that name
     for gate in sorted(name for name in identifiers if names.matches(name)):
-        for word in gate.split("_"):
+        words = [word for word in gate.split("_") if word]
+        # the ring's own word comes first or last (`alpha_buffer`, `log_alpha`); a word in the
+        # middle qualifies it (`alpha_move_buffer`)
+        for word in dict.fromkeys(words[:1] + words[-1:]):
             lowered = word.lower()
             if (
                 word
