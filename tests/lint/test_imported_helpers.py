@@ -87,3 +87,39 @@ def test_a_loop_over_the_keys_of_a_load_reads_no_tensor() -> None:
         "    for g_cache in torch.load(path).keys():\n        print(g_cache)\n"
     )
     assert Linter().check(source, "m.py") == []
+
+
+_DTYPES = """
+import torch
+
+_str_to_torch_dtype_dict = dict(float16=torch.float16, bfloat16=torch.bfloat16, float32=torch.float32)
+
+
+def str_dtype_to_torch(dtype):
+    ret = _str_to_torch_dtype_dict.get(dtype)
+    assert ret is not None, f"Unsupported dtype: {dtype}"
+    return ret
+
+
+GATE_DTYPE = getattr(torch, "bfloat16")
+"""
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [
+        ('str_dtype_to_torch("bfloat16")', "RL001"),
+        ('str_dtype_to_torch("float32")', None),
+        ("GATE_DTYPE", "RL001"),
+    ],
+)
+def test_dtype_tables_built_by_dict_and_getattr_of_torch(
+    tmp_path: Path, dtype: str, expected: str | None
+) -> None:
+    user = (
+        "import torch\nfrom ._utils import GATE_DTYPE, str_dtype_to_torch\n\n"
+        f"def f(shape):\n    g_cache = torch.zeros(shape, dtype={dtype})\n    return g_cache\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/_utils.py": _DTYPES, "pkg/user.py": user}
+    codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+    assert codes == ([expected] if expected else [])

@@ -282,8 +282,19 @@ class Evaluation:
         raise Unknown
 
     def call_dtypes(self, value: Value, context: Context) -> list[DtypeFact]:
-        """A call in a project value: a function of the project, or ``get_default_dtype()``."""
-        callee = self.target(value[1], context)
+        """A call in a project value: a function of the project, ``get_default_dtype()``,
+        ``TABLE.get(key)`` or ``getattr(torch, "bfloat16")``."""
+        func, args = value[1], value[2]
+        if func[0] == "attr" and func[2] == "get" and len(args) == 1 and not value[3]:
+            return self.dtypes(self.item(func[1], args[0], context), context)
+        if func == ["name", "getattr"] and len(args) == 2 and not value[3]:
+            module = self.target(args[0], context)
+            if isinstance(module, External):
+                dtype = dtype_from_qualified_name(f"{module.name}.{self.string(args[1], context)}")
+                if dtype is not None:
+                    return [self.fact(dtype, context.origins)]
+            raise Unknown
+        callee = self.target(func, context)
         if isinstance(callee, External) and callee.name == "torch.get_default_dtype":
             from replaylint.lint.dataflow.members import default_dtype
 

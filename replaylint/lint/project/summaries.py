@@ -243,6 +243,8 @@ class _Summariser:
             return UNKNOWN
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
         for statement in body[:-1]:
+            if isinstance(statement, ast.Assert):
+                continue  # `assert ret is not None, ...`: the value returned is the same
             if isinstance(statement, ast.Import | ast.ImportFrom):
                 for name, value in _imported(statement):
                     locals_[name] = value
@@ -442,6 +444,9 @@ class _Values:
                 k.arg is None for k in node.keywords
             ):
                 return UNKNOWN
+            if isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+                # `dict(float16=torch.float16, ...)`: a table as a literal would be
+                return ["table", [[k.arg, self.value(k.value)] for k in node.keywords]]
             return [
                 "call",
                 self.value(node.func),
