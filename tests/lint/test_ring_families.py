@@ -146,3 +146,23 @@ def test_the_gate_entry_of_a_dtype_table_is_the_gate_rings_dtype(
 def test_a_dict_of_tensors_is_no_dtype_table() -> None:
     source = "import torch\n\ndef rings(d, g):\n    return {'d_cache': d, 'g_cache': g}\n"
     assert _codes(source) == []
+
+
+# --------------------------------------------------------------- settings named for the gate dtype
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("gate_dtype: torch.dtype = torch.bfloat16\n", [(2, "RL001")]),
+        ("def shapes(n, g_dtype=torch.half):\n    return n\n", [(2, "RL001")]),
+        ("cfg = Config(gate_ring_dtype=torch.bfloat16)\n", [(2, "RL001")]),
+        ("g_cache_dtype = torch.float16\n", [(2, "RL001")]),
+        ("gate_dtype: torch.dtype = torch.float32\n", []),
+        ("ssm_dtype = torch.bfloat16\norig_dtype = torch.bfloat16\n", []),
+        ("gate_dtype = torch.int32\n", []),  # not a floating dtype: no ring's
+    ],
+)
+def test_a_setting_named_for_the_gate_dtype_is_checked(
+    source: str, expected: list[tuple[int, str]]
+) -> None:
+    # the pre-filter lets these files through although they name no gate cache
+    assert _codes(f"import torch\n{source}") == expected

@@ -1,10 +1,12 @@
-"""Dtype tables keyed by cache name: the gate cache's entry is the dtype its ring is made with.
+"""Dtype policies: tables keyed by cache name, and settings named for the gate cache's dtype.
 
 ``{"state": torch.float32, "d_cache": dtype, "k_cache": dtype, "g_cache": dtype}`` is no tensor,
 but a policy: whoever allocates the rings from it gives the gate ring the dtype of its
 ``"g_cache"`` entry. A dict literal is such a table when another entry is a literal torch dtype;
 its gate-cache entry is then judged as an allocation's dtype would be (float32, a non-float32
 literal, or a dtype that is not provably float32), and the fix sets the entry to float32.
+A setting named for the gate cache's dtype (``gate_dtype: torch.dtype = torch.bfloat16``) is the
+same policy in one name: :func:`named_gate_dtype` says when it holds a non-float32 literal.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
+from replaylint.lint.syntax.nodes import binding_name
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -45,3 +48,27 @@ def _literal_dtype(prov: Provenance, value: cst.BaseExpression, site: Site) -> b
         return False
     facts = prov.dtype_facts(value, site)
     return bool(facts) and all(fact.dtype is not None for fact in facts)
+
+
+_FLOATING = frozenset({"float16", "bfloat16", "float64", "float32"})
+
+
+def named_gate_dtype(
+    prov: Provenance,
+    target: cst.CSTNode | None,
+    value: cst.BaseExpression | None,
+    site: Site,
+) -> tuple[str, list[str]] | None:
+    """``(name, non-float32 literals)`` when ``target = value`` (a field, a default, a keyword,
+    an assignment) sets a dtype named for the gate cache (``gate_dtype``, ``g_cache_dtype``) to
+    floating literals other than float32 only; None otherwise."""
+    if value is None or not isinstance(target, (cst.Name, cst.Attribute)):
+        return None
+    name = binding_name(target)
+    if name is None or not prov.index.gate_caches.names_gate_dtype(name):
+        return None
+    literals = {fact.dtype for fact in prov.dtype_facts(value, site)}
+    narrower = sorted(d for d in literals if d is not None and d != "float32")
+    if not literals or None in literals or not narrower or not literals <= _FLOATING:
+        return None
+    return name, narrower

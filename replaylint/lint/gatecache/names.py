@@ -26,6 +26,10 @@ DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
 )
 
 
+# words that name the gate ring in a dtype setting (`gate_dtype`, `g_dtype`, `gate_ring_dtype`)
+GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
+
+
 @dataclass(frozen=True)
 class LearnedFrom:
     """The entry-point call that made a name a gate-cache name (or, with ``reason``, what else
@@ -85,6 +89,15 @@ class GateCacheNames:
             or self._qualified.fullmatch(name) is not None
             or any(infixed.fullmatch(name) for infixed, _ in self._infixed)
         )
+
+    def names_gate_dtype(self, name: str) -> bool:
+        """Whether ``name`` is a setting for the gate cache's dtype: ``<gate cache>_dtype``
+        (``g_cache_dtype``), ``gate_dtype``, ``g_dtype``, ``gate_ring_dtype`` and the like."""
+        core = name.lower().lstrip("_")
+        if not core.endswith("_dtype"):
+            return False
+        prefix = core[: -len("_dtype")]
+        return prefix in GATE_DTYPE_WORDS or self.matches(prefix)
 
     def is_plural(self, name: str) -> bool:
         """Whether ``name`` matches only as a plural (``g_caches``: a collection of rings)."""

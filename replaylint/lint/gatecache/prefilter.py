@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import contains_needle
-from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.gatecache.names import GATE_DTYPE_WORDS, GateCacheNames
 
 _GLOB_META = re.compile(r"[*?\[\]]")
 _WORD_FROM = re.compile(r"\w*")
@@ -48,6 +48,8 @@ class Relevance:
         gate_cores = [c for c in needles[: len(gate_caches.patterns)] if c]
         endings = {core[core.index("_", 1) :] for core in gate_cores if "_" in core[1:]}
         endings = {e for e in endings if not any(o != e and e.endswith(o) for o in endings)}
+        # settings of the gate cache's dtype (`gate_dtype: torch.dtype = torch.bfloat16`)
+        needles += [f"{word}_dtype" for word in GATE_DTYPE_WORDS]
         # Words that contain a core are the only ones worth matching exactly.
         self._cores = tuple(sorted({n for n in needles if n}))
         for ending in endings:  # an ending alone would match everywhere (kv_cache): add it quoted
@@ -95,8 +97,10 @@ class Relevance:
         return words
 
     def is_relevant_word(self, word: str) -> bool:
-        return self.gate_caches.matches(word) or any(
-            fnmatch.fnmatchcase(word, glob) for glob in self._entry_globs
+        return (
+            self.gate_caches.matches(word)
+            or self.gate_caches.names_gate_dtype(word)
+            or any(fnmatch.fnmatchcase(word, glob) for glob in self._entry_globs)
         )
 
     def may_hold_finding(self, text: str) -> bool:

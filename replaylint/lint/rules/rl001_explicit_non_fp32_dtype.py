@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from replaylint.lint.dataflow.facts import Kind
+import libcst as cst
+
+from replaylint.lint.dataflow.dtype_tables import named_gate_dtype
+from replaylint.lint.dataflow.facts import Kind, SetDtype
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -64,19 +68,36 @@ Allocation helpers of the project are followed too: `alloc_ring(shape, torch.bfl
 helper that allocates with its `dtype` parameter (fixed at the call's argument), a helper with a
 fixed non-float32 dtype inside (its fresh result is cast at the call), and partials or lambdas
 exported by another module (`zeros_wire(shape)` gets `dtype=torch.float32` at the call).
+
+A setting named for the gate cache's dtype (`gate_dtype`, `g_dtype`, `gate_ring_dtype`,
+`<gate cache>_dtype`) that holds a non-float32 literal is reported where it is written: a field
+default (`gate_dtype: torch.dtype = torch.bfloat16`), a parameter default, a keyword argument or an
+assignment.
 """
     FIX = (
         """\
 Replaces the dtype with `torch.float32`, spelled with the module's own alias for torch (`th.float32`
 after `import torch as th`; `import torch` is added when the module has no binding for it). The fix
 is **safe**: it changes only the gate cache's dtype, which the kernel requires to be float32; every
-reader of the cache either expects float32 or casts.
+reader of the cache either expects float32 or casts. A setting named for the gate cache's dtype is
+set to `torch.float32` too, but **unsafe**: its name says what it is for, its readers are not
+checked.
 """
         + FIX_SAFETY
     )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        Valid(
+            """
+            import torch
+
+            def replay_states(dtype, gate_dtype: torch.dtype = torch.float32):
+                # the other states' settings follow the model; the gate ring's is float32
+                ssm_dtype = torch.bfloat16
+                return dtype, ssm_dtype, gate_dtype
+            """
+        ),
         Valid(
             """
             import torch
@@ -511,7 +532,57 @@ reader of the cache either expects float32 or casts.
             """,
             message_contains="torch.float16",
         ),
+        Invalid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class KDADecodeConfig(NamedTuple):
+                ring_len: int = 4
+                gate_dtype: torch.dtype = torch.bfloat16
+            """,
+            expected_fix="""
+            from typing import NamedTuple
+
+            import torch
+
+            class KDADecodeConfig(NamedTuple):
+                ring_len: int = 4
+                gate_dtype: torch.dtype = torch.float32
+            """,
+            message_contains="named for the gate cache's dtype",
+        ),
     )
+
+    # ---------------------------------------------- a dtype named for the gate cache
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._gate_dtype(node.target, node.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1:
+            self._gate_dtype(node.targets[0].target, node.value)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._gate_dtype(node.name, node.default)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        self._gate_dtype(node.keyword, node.value)
+
+    def _gate_dtype(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
+        site = self.site()
+        found = named_gate_dtype(self.provenance, target, value, site)
+        if found is None or value is None:
+            return
+        name, narrower = found
+        made = self.context.spelling.edits_for(SetDtype(value), site)
+        message = f"Make it {self.float32(site)}"
+        fix = None if made is None else FixDraft(message, made[0], Applicability.UNSAFE)
+        self.report(
+            value,
+            f"`{name}`, named for the gate cache's dtype, is set to {literal_names(narrower)}; {WHY}",
+            fix=fix,
+        )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
