@@ -152,13 +152,15 @@ def test_a_dict_of_tensors_is_no_dtype_table() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("gate_dtype: torch.dtype = torch.bfloat16\n", [(2, "RL001")]),
+        ("class Cfg:\n    gate_dtype: torch.dtype = torch.bfloat16\n", [(3, "RL001")]),
         ("def shapes(n, g_dtype=torch.half):\n    return n\n", [(2, "RL001")]),
         ("cfg = Config(gate_ring_dtype=torch.bfloat16)\n", [(2, "RL001")]),
-        ("g_cache_dtype = torch.float16\n", [(2, "RL001")]),
-        ("gate_dtype: torch.dtype = torch.float32\n", []),
-        ("ssm_dtype = torch.bfloat16\norig_dtype = torch.bfloat16\n", []),
-        ("gate_dtype = torch.int32\n", []),  # not a floating dtype: no ring's
+        ("def f():\n    g_cache_dtype = torch.float16\n", [(3, "RL001")]),
+        ("class Cfg:\n    gate_dtype: torch.dtype = torch.float32\n", []),
+        ("def f():\n    ssm_dtype = torch.bfloat16\n    orig_dtype = torch.bfloat16\n", []),
+        ("def f():\n    gate_dtype = torch.int32\n", []),  # not a floating dtype: no ring's
+        # a module's policy constant is reported where a ring is made with it
+        ("GATE_RING_DTYPE = torch.bfloat16\n", []),
     ],
 )
 def test_a_setting_named_for_the_gate_dtype_is_checked(

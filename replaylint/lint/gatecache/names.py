@@ -92,7 +92,10 @@ class GateCacheNames:
 
     def names_gate_dtype(self, name: str) -> bool:
         """Whether ``name`` is a setting for the gate cache's dtype: ``<gate cache>_dtype``
-        (``g_cache_dtype``), ``gate_dtype``, ``g_dtype``, ``gate_ring_dtype`` and the like."""
+        (``g_cache_dtype``), ``gate_dtype``, ``g_dtype``, ``gate_ring_dtype`` and the like; a
+        constant (``GATE_RING_DTYPE``) is a policy, judged where a ring is made with it."""
+        if name.isupper():
+            return False
         core = name.lower().lstrip("_")
         if not core.endswith("_dtype"):
             return False

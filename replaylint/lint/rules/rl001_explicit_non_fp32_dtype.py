@@ -72,7 +72,8 @@ exported by another module (`zeros_wire(shape)` gets `dtype=torch.float32` at th
 A setting named for the gate cache's dtype (`gate_dtype`, `g_dtype`, `gate_ring_dtype`,
 `<gate cache>_dtype`) that holds a non-float32 literal is reported where it is written: a field
 default (`gate_dtype: torch.dtype = torch.bfloat16`), a parameter default, a keyword argument or an
-assignment.
+assignment in a function or class. A constant (`GATE_RING_DTYPE`) or a module-level setting is a
+policy: it is reported where a gate cache is made with it, in its own module or an importer.
 """
     FIX = (
         """\
@@ -557,10 +558,11 @@ checked.
 
     # ---------------------------------------------- a dtype named for the gate cache
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._gate_dtype(node.target, node.value)
+        if len(self.site().scopes) > 1:  # at module level: a policy, judged where it is used
+            self._gate_dtype(node.target, node.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) == 1:
+        if len(node.targets) == 1 and len(self.site().scopes) > 1:
             self._gate_dtype(node.targets[0].target, node.value)
 
     def visit_Param(self, node: cst.Param) -> None:
@@ -576,8 +578,7 @@ checked.
             return
         name, narrower = found
         made = self.context.spelling.edits_for(SetDtype(value), site)
-        message = f"Make it {self.float32(site)}"
-        fix = None if made is None else FixDraft(message, made[0], Applicability.UNSAFE)
+        fix = made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
         self.report(
             value,
             f"`{name}`, named for the gate cache's dtype, is set to {literal_names(narrower)}; {WHY}",
