@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def called_function(
             return None
         for binding in index.scope(owner).bindings.get(func.attr.value, ()):
             if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
-                decorators = {dotted(d.decorator) for d in binding.node.decorators}
+                decorators = {dotted_name(d.decorator) for d in binding.node.decorators}
                 if "staticmethod" in decorators:
                     return binding.node, (index.module, owner, binding.node), False
                 if (
@@ -83,9 +84,11 @@ def _class_of(
         annotation = binding.node.annotation
         node = annotation.annotation if annotation is not None else None
         text = node.evaluated_value if isinstance(node, cst.SimpleString) else None
-        written = text if isinstance(text, str) else (dotted(node) if node is not None else None)
+        written = (
+            text if isinstance(text, str) else (dotted_name(node) if node is not None else None)
+        )
     elif binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        written = dotted(binding.value.func)
+        written = dotted_name(binding.value.func)
     return _module_class(index, written) if written else None
 
 
@@ -93,13 +96,4 @@ def _module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:
     for statement in index.module.body:
         if isinstance(statement, cst.ClassDef) and statement.name.value == name:
             return statement
-    return None
-
-
-def dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = dotted(node.value)
-        return None if head is None else f"{head}.{node.attr.value}"
     return None

@@ -34,7 +34,13 @@ from replaylint.lint.dataflow.imported import (
     describe_origins,
 )
 from replaylint.lint.dataflow.strings import Env
-from replaylint.lint.dataflow.torch_api import PARTIALS, POSITIONAL_DTYPE, TORCH_FACTORIES
+from replaylint.lint.dataflow.torch_api import (
+    CAST_METHODS,
+    NON_FLOATING_DTYPES,
+    PARTIALS,
+    POSITIONAL_DTYPE,
+    TORCH_FACTORIES,
+)
 from replaylint.lint.project.index import External, Found, Origin
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.nodes import keyword_arg, one_line
@@ -102,7 +108,8 @@ def _made(
     return tuple(dict.fromkeys(facts))
 
 
-_CAST_METHODS = {"half": "float16", "bfloat16": "bfloat16", "float": "float32", "double": "float64"}
+# the floating casts of `CAST_METHODS` (`.half()`, `.float()` ...): what a cast helper may return
+_CAST_METHODS = {m: d for m, d in CAST_METHODS.items() if d not in NON_FLOATING_DTYPES}
 
 
 def _is_cast(value: Value) -> bool:

@@ -15,13 +15,12 @@ parameter annotated with the class.
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from replaylint.lint.dataflow.imported import MALFORMED, as_value
-from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, annotated_name
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.project.gate_buffers import (
     ImportedGateBuffer,
@@ -31,7 +30,6 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import dotted_name, literal_string
 from replaylint.lint.syntax.sites import Site
 
 __all__ = [
@@ -45,24 +43,15 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 _MAX_DEPTH = 6
-_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
-_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
-
-
-_HOLDER_IMPORTS: weakref.WeakKeyDictionary[ModuleIndex, bool] = weakref.WeakKeyDictionary()
 
 
 def imports_gate_buffer_holder(prov: Provenance) -> bool:
-    """Whether the module imports a project class that holds a gate buffer (asked once per
-    module: most modules import none, and their casts need no further question)."""
-    known = _HOLDER_IMPORTS.get(prov.index)
-    if known is None:
-        project = prov.project
-        known = project is not None and imports_gate_buffer_class(
-            project.index, prov.index.gate_caches.matches, project.module
-        )
-        _HOLDER_IMPORTS[prov.index] = known
-    return known
+    """Whether the module imports a project class that holds a gate buffer (:class:`Provenance`
+    asks once per module: most modules import none, and their casts need no further question)."""
+    project = prov.project
+    return project is not None and imports_gate_buffer_class(
+        project.index, prov.index.gate_caches.matches, project.module
+    )
 
 
 def imported_gate_buffer(
@@ -89,9 +78,9 @@ def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
         return None
     if isinstance(expr, cst.Call):
         func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _CHAIN:
+        if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
             return _instance(prov, func.value, site, depth + 1)
-        if isinstance(func, cst.Attribute) and func.attr.value in _CONSTRUCTORS:
+        if isinstance(func, cst.Attribute) and func.attr.value in INHERITED_CONSTRUCTORS:
             return _class(prov, func.value, site)
         made = _class(prov, func, site)
         if made is not None:
@@ -139,29 +128,12 @@ def _returned_class(prov: Provenance, func: cst.BaseExpression, site: Site) -> F
     if result[0] != "call":
         return None
     callee: Value = result[1]
-    if callee[0] == "attr" and callee[2] in _CONSTRUCTORS:
+    if callee[0] == "attr" and callee[2] in INHERITED_CONSTRUCTORS:
         callee = callee[1]
     return class_value(prov.project.index, target.module, callee)
 
 
 def _annotated(prov: Provenance, annotation: cst.Annotation, site: Site) -> Found | None:
     """``model: KimiModel``, ``"KimiModel"``, ``Optional[KimiModel]``, ``KimiModel | None``."""
-    node: cst.BaseExpression = annotation.annotation
-    for _ in range(3):
-        text = literal_string(node)
-        if text is not None:
-            try:
-                node = cst.parse_expression(text)
-            except cst.ParserSyntaxError:
-                return None
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
-            parts = [p for p in (node.left, node.right) if dotted_name(p) != "None"]
-            node = parts[0] if len(parts) == 1 else node
-        if (
-            isinstance(node, cst.Subscript)
-            and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
-            and len(node.slice) == 1
-            and isinstance(node.slice[0].slice, cst.Index)
-        ):
-            node = node.slice[0].slice.value
+    node = annotated_name(annotation)
     return _class(prov, node, site) if isinstance(node, (cst.Name, cst.Attribute)) else None

@@ -42,7 +42,7 @@ _CONTAINERS = frozenset(
 # calls that add their (last) argument to a list, dict or container module
 _ADDING_METHODS = frozenset({"append", "extend", "insert", "update", "add_module"})
 # constructors a model class inherits from its library (transformers): they return `cls(...)`
-_INHERITED_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
+INHERITED_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
 _NOT_MODULE_BASES = frozenset(
     {"object", "ABC", "abc.ABC", "Protocol", "typing.Protocol", "NamedTuple", "typing.NamedTuple"}
     | {"Enum", "enum.Enum", "IntEnum", "enum.IntEnum", "TypedDict", "typing.TypedDict"}
@@ -403,7 +403,7 @@ class _Resolver:
                 owner = self.classes.by_name[owners[0]]
                 target = self._method(owner, func.attr.value)
                 if target is None:
-                    inherited = func.attr.value in _INHERITED_CONSTRUCTORS
+                    inherited = func.attr.value in INHERITED_CONSTRUCTORS
                     return [owners] if inherited else []
                 cls_name = owners[0]
         if target is None:
@@ -442,27 +442,9 @@ class _Resolver:
         return owner if all(b.kind == "param" for b, _ in found) else None
 
     def _annotated(self, annotation: cst.Annotation) -> Names | None:
-        """The module class a parameter annotation names: ``KimiModel``, ``"KimiModel"``,
-        ``Optional[KimiModel]``, ``KimiModel | None``."""
-        node: cst.BaseExpression = annotation.annotation
-        for _ in range(3):  # `Optional["KimiModel"]`: a string inside a wrapper, or around one
-            text = literal_string(node)
-            if text is not None:
-                try:
-                    node = cst.parse_expression(text)
-                except cst.ParserSyntaxError:
-                    return None
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
-                parts = [p for p in (node.left, node.right) if not _is_name(p, "None")]
-                node = parts[0] if len(parts) == 1 else node
-            if (
-                isinstance(node, cst.Subscript)
-                and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
-                and len(node.slice) == 1
-                and isinstance(node.slice[0].slice, cst.Index)
-            ):
-                node = node.slice[0].slice.value
-        name = dotted_name(node)
+        """The module class a parameter annotation names (see :func:`annotated_name`)."""
+        node = annotated_name(annotation)
+        name = dotted_name(node) if node is not None else None
         return (name,) if name is not None and name in self.classes.by_name else None
 
     def _decided(self, test: cst.BaseExpression, site: Site) -> bool | None:
@@ -480,6 +462,30 @@ class _Resolver:
                 if guarded == tested:
                     return guard.polarity is (negated == guard_negated)
         return None
+
+
+def annotated_name(annotation: cst.Annotation) -> cst.BaseExpression | None:
+    """The class expression an annotation names: ``KimiModel``, ``"KimiModel"``,
+    ``Optional[KimiModel]``, ``KimiModel | None``; None for a string that does not parse."""
+    node: cst.BaseExpression = annotation.annotation
+    for _ in range(3):  # `Optional["KimiModel"]`: a string inside a wrapper, or around one
+        text = literal_string(node)
+        if text is not None:
+            try:
+                node = cst.parse_expression(text)
+            except cst.ParserSyntaxError:
+                return None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
+            parts = [p for p in (node.left, node.right) if not _is_name(p, "None")]
+            node = parts[0] if len(parts) == 1 else node
+        if (
+            isinstance(node, cst.Subscript)
+            and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
+            and len(node.slice) == 1
+            and isinstance(node.slice[0].slice, cst.Index)
+        ):
+            node = node.slice[0].slice.value
+    return node
 
 
 def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:

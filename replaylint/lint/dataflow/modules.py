@@ -16,7 +16,6 @@ reported where it is registered.)
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ import libcst as cst
 from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
+from replaylint.lint.dataflow.instances import MODULE_CHAIN
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     FLOAT32,
@@ -35,6 +35,7 @@ from replaylint.lint.dataflow.torch_api import (
 )
 from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
+from replaylint.lint.project.gate_buffers import registers_gate_buffer
 from replaylint.lint.syntax.nodes import (
     binding_name,
     dotted_name,
@@ -62,7 +63,6 @@ def guard_knows(name: str) -> bool:
 
 _GUARD_MIXIN = "KeepFp32GateCaches"
 # methods of nn.Module that return the module itself, keeping what it holds
-_MODULE_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
 
 
 @dataclass(frozen=True)
@@ -89,24 +89,13 @@ class ModuleCast:
     dtypes: tuple[DtypeFact, ...]
 
 
-# `register_buffer("<name>"` or `register_buffer(f"..."`, and `self.<name> = nn.Buffer(`, read
-# from the module's text
-_REGISTERED = re.compile(
-    r"register_buffer\s*\(\s*[fFrR]?(['\"])(?P<registered>.*?)\1"
-    r"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
-)
 _BUFFER_CLASSES = frozenset({"torch.nn.Buffer", "torch.nn.parameter.Buffer"})
 
 
 def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
     """Classes of the module, by name, that hold a floating gate buffer and are not guarded."""
     source = prov.index.source
-    if source is not None and not any(
-        prov.index.gate_caches.matches(
-            re.sub(r"\{[^}]*\}", "0", match.group("registered") or match.group("assigned"))
-        )
-        for match in _REGISTERED.finditer(source)
-    ):
+    if source is not None and not registers_gate_buffer(source, prov.index.gate_caches.matches):
         return {}  # no gate buffer registered by name: no class to walk
     own: dict[str, GateBuffer] = {}
     classes = {cls.name.value: cls for cls in prov.index.classes()}
@@ -247,7 +236,7 @@ def _instance_of(
     if isinstance(expr, cst.Call):
         if isinstance(expr.func, cst.Name) and expr.func.value in classes:
             return classes[expr.func.value]
-        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MODULE_CHAIN:
+        if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MODULE_CHAIN:
             return _instance_of(prov, expr.func.value, site, classes, depth + 1)
         return None
     if isinstance(expr, cst.Name):

@@ -35,6 +35,7 @@ from replaylint.lint.dataflow import (
     defaults,
     imported,
     imported_calls,
+    imported_modules,
     loads,
     members,
     methods,
@@ -95,6 +96,7 @@ class Provenance:
     _mappings: collisions.MappingUses | None = field(default=None)
     _passed: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
     _gate_buffers: dict[str, modules.GateBuffer] | None = field(default=None)
+    _imports_holder: bool | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
         field(default_factory=dict)
     )
@@ -528,6 +530,12 @@ class Provenance:
         if self._gate_buffers is None:
             self._gate_buffers = modules.gate_buffer_classes(self)
         return self._gate_buffers
+
+    def imports_gate_buffer_holder(self) -> bool:
+        """Whether the module imports a project class that holds a gate buffer (asked once)."""
+        if self._imports_holder is None:
+            self._imports_holder = imported_modules.imports_gate_buffer_holder(self)
+        return self._imports_holder
 
     def is_mapping(self, name: str, site: Site | None = None) -> bool:
         """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""

@@ -19,6 +19,11 @@ from replaylint.lint.project.summaries import Value
 
 _MAX_DEPTH = 6
 MALFORMED = (IndexError, KeyError, TypeError, ValueError, AttributeError)
+# `register_buffer("<name>"` or `register_buffer(f"..."`, and `self.<name> = nn.Buffer(`
+_REGISTERED = re.compile(
+    r"register_buffer\s*\(\s*[fFrR]?(['\"])(?P<registered>.*?)\1"
+    r"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
+)
 MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
 """Text that may be a module cast: a file without it casts no model."""
 
@@ -40,6 +45,15 @@ class ImportedGateBuffer:
     """Where it is registered."""
     held_by: tuple[str, ...] = ()
     """The attributes that hold the registering class's instance, outermost first."""
+
+
+def registers_gate_buffer(text: str, matches: Matches) -> bool:
+    """Whether ``text`` registers a buffer under a gate-cache name (an f-string name as if its
+    fields were numbers): the cheap question before any class is walked or summarised."""
+    return any(
+        matches(re.sub(r"\{[^}]*\}", "0", found.group("registered") or found.group("assigned")))
+        for found in _REGISTERED.finditer(text)
+    )
 
 
 def class_gate_buffer(

@@ -83,7 +83,7 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                 value = node.value
                 if (
                     isinstance(value, ast.Call)
-                    and _dotted(value.func).rpartition(".")[2] == "Buffer"
+                    and dotted(value.func).rpartition(".")[2] == "Buffer"
                     and value.args
                     and _may_be_float32(value.args[0])
                 ):
@@ -105,10 +105,10 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
     float32 (``.float()``, ``torch.float32``) or the guard; and the attributes such an override
     sets (``self.g_cache = kept``): a gate cache among them is put back too."""
     decorated = any(
-        "keep_fp32_gate_caches" in _dotted(d.func if isinstance(d, ast.Call) else d)
+        "keep_fp32_gate_caches" in dotted(d.func if isinstance(d, ast.Call) else d)
         for d in cls.decorator_list
     )
-    mixin = any(_dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
+    mixin = any(dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
     restores = False
     attributes: list[str] = []
     for statement in cls.body:
@@ -119,11 +119,11 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
                 isinstance(node, ast.Call)
                 and (
                     (isinstance(node.func, ast.Attribute) and node.func.attr == "float")
-                    or _dotted(node.func).endswith("keep_fp32_gate_caches")
+                    or dotted(node.func).endswith("keep_fp32_gate_caches")
                 )
             ):
                 restores = True
-            elif isinstance(node, ast.Call) and _dotted(node.func).endswith("register_buffer"):
+            elif isinstance(node, ast.Call) and dotted(node.func).endswith("register_buffer"):
                 name = _written_name(node.args[0]) if node.args else None
                 attributes += [name] if name is not None else []
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -140,7 +140,7 @@ def _may_be_float32(value: ast.expr) -> bool:
     if isinstance(value, ast.Call):
         for keyword in value.keywords:
             if keyword.arg == "dtype":
-                return _dotted(keyword.value).rpartition(".")[2] not in _NOT_FLOAT32
+                return dotted(keyword.value).rpartition(".")[2] not in _NOT_FLOAT32
     return True
 
 
@@ -173,10 +173,11 @@ def _is_name(node: ast.expr, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
-def _dotted(node: ast.expr) -> str:
+def dotted(node: ast.expr) -> str:
+    """``a.b.c`` for a chain of names, ``""`` for anything else."""
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
+        head = dotted(node.value)
         return f"{head}.{node.attr}" if head else ""
     return ""

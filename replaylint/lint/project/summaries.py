@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from replaylint.lint.project.module_facts import module_facts
+from replaylint.lint.project.module_facts import dotted, module_facts
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -201,7 +201,7 @@ class _Summariser:
                 target = node.targets[0]
         elif isinstance(node, ast.AnnAssign):
             annotation = node.annotation
-            written = _dotted(
+            written = dotted(
                 annotation.value if isinstance(annotation, ast.Subscript) else annotation
             )
             if written in {"list", "List", "typing.List"} or isinstance(
@@ -266,7 +266,7 @@ class _Summariser:
         spoiled: set[str] = set()
         flags: dict[str, Any] = {
             "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
-            or any(_dotted(base).endswith("NamedTuple") for base in cls.bases),
+            or any(dotted(base).endswith("NamedTuple") for base in cls.bases),
             "frozen": any(_frozen(d) for d in cls.decorator_list),
             "init": False,
             "bases": bool(cls.bases) or bool(cls.keywords),
@@ -281,9 +281,9 @@ class _Summariser:
                     entry = ["const", statement.lineno, self._member_value(statement.value)]
             elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
                 name = statement.target.id
-                classvar = "ClassVar" in _dotted(statement.annotation) or (
+                classvar = "ClassVar" in dotted(statement.annotation) or (
                     isinstance(statement.annotation, ast.Subscript)
-                    and "ClassVar" in _dotted(statement.annotation.value)
+                    and "ClassVar" in dotted(statement.annotation.value)
                 )
                 kind = "const" if classvar or not flags["record"] else "field"
                 value = _field_default(statement.value)
@@ -348,7 +348,7 @@ def _raw_reads(function: ast.FunctionDef | ast.AsyncFunctionDef, value_of: Any) 
             returns = True
         if not isinstance(node, ast.Call):
             continue
-        name = _dotted(node.func).rpartition(".")[2]
+        name = dotted(node.func).rpartition(".")[2]
         if name in _CASTS:
             return []
         if name in _READERS and isinstance(node.func, (ast.Name, ast.Attribute)):
@@ -467,14 +467,14 @@ class _Values:
 
 
 def _decorator_name(node: ast.expr) -> str:
-    return _dotted(node.func if isinstance(node, ast.Call) else node)
+    return dotted(node.func if isinstance(node, ast.Call) else node)
 
 
 def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
     """The fields a record's constructor fills by position, in order; None when which argument
     fills which is not certain (``kw_only``, ``KW_ONLY``, ``field(init=False)``, a base class
     of a dataclass, fields bound under a condition)."""
-    named_tuple = any(_dotted(base).endswith("NamedTuple") for base in cls.bases)
+    named_tuple = any(dotted(base).endswith("NamedTuple") for base in cls.bases)
     if not named_tuple and (cls.bases or cls.keywords):
         return None  # a dataclass's base classes contribute fields of their own
     for decorator in cls.decorator_list:
@@ -486,8 +486,8 @@ def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
             return None
         if not isinstance(statement, ast.AnnAssign) or not isinstance(statement.target, ast.Name):
             continue
-        written = _dotted(statement.annotation) or (
-            _dotted(statement.annotation.value)
+        written = dotted(statement.annotation) or (
+            dotted(statement.annotation.value)
             if isinstance(statement.annotation, ast.Subscript)
             else ""
         )
@@ -496,7 +496,7 @@ def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
         value = statement.value
         if written.endswith("KW_ONLY") or (
             isinstance(value, ast.Call)
-            and _dotted(value.func).endswith("field")
+            and dotted(value.func).endswith("field")
             and any(k.arg in {"init", "kw_only"} for k in value.keywords)
         ):
             return None
@@ -513,18 +513,9 @@ def _frozen(node: ast.expr) -> bool:
     )
 
 
-def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return f"{head}.{node.attr}" if head else ""
-    return ""
-
-
 def _field_default(value: ast.expr | None) -> ast.expr | None:
     """``field(default=x)`` -> ``x``; ``field(...)`` without a default -> None."""
-    if isinstance(value, ast.Call) and _dotted(value.func).endswith("field"):
+    if isinstance(value, ast.Call) and dotted(value.func).endswith("field"):
         for keyword in value.keywords:
             if keyword.arg == "default":
                 return keyword.value

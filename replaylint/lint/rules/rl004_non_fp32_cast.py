@@ -8,7 +8,6 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
 from replaylint.lint.dataflow.imported_modules import (
     imported_gate_buffer,
-    imports_gate_buffer_holder,
 )
 from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.submodules import (
@@ -566,7 +565,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                     fix = protect_before_cast(module, node, cast.buffer.name)
                     self.report(node, module_cast_message(self.context, node, cast), fix=fix)
                 return
-        if isinstance(node.func, cst.Attribute) and imports_gate_buffer_holder(prov):
+        if isinstance(node.func, cst.Attribute) and prov.imports_gate_buffer_holder():
             dtypes = module_cast_dtypes(prov, node, site)
             imported = None if dtypes is None else imported_gate_buffer(prov, node.func.value, site)
             if dtypes is None or imported is None or guarded_instance(prov, node, site):

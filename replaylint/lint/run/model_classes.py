@@ -16,13 +16,16 @@ to hold a gate buffer later is seen by its importers when they change, or with `
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replaylint.lint.gatecache.grep import files_containing
 from replaylint.lint.gatecache.names import GateCacheNames
-from replaylint.lint.project.gate_buffers import MODULE_CAST_CALL, class_gate_buffer
+from replaylint.lint.project.gate_buffers import (
+    MODULE_CAST_CALL,
+    class_gate_buffer,
+    registers_gate_buffer,
+)
 from replaylint.lint.project.index import Found, ProjectIndex
 
 _ROUNDS = 3
@@ -74,22 +77,8 @@ def model_casting_files(
     return casting
 
 
-_REGISTERED = re.compile(
-    rb"register_buffer\s*\(\s*[fFrR]?['\"](?P<registered>[^'\"]*)['\"]"
-    rb"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
-)
-
-
 def _registers_gate_buffer(raw: bytes | None, names: GateCacheNames) -> bool:
-    if raw is None:
-        return False
-    for match in _REGISTERED.finditer(raw):
-        written = (match.group("registered") or match.group("assigned") or b"").decode(
-            "utf-8", "replace"
-        )
-        if names.matches(re.sub(r"\{[^}]*\}", "0", written)):
-            return True
-    return False
+    return raw is not None and registers_gate_buffer(raw.decode("utf-8", "replace"), names.matches)
 
 
 def _holder_classes(
