@@ -38,6 +38,7 @@ For each half this script:
 Usage::
 
     python benchmarks/lint_accuracy.py [--half dev|heldout|fresh|all] [--json OUT] [--details]
+    python benchmarks/lint_accuracy.py --half PART --corpus-only   # check a part without linting
 
 Exit status: 0, or 1 when the corpus itself is inconsistent (a registry entry whose observed
 gate dtypes contradict it, a builder that is not deterministic, a label that cannot be parsed).
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import collections
 import dataclasses
 import fnmatch
 import io
@@ -509,6 +511,36 @@ def evaluate_half(half: str, workdir: Path) -> HalfResult:
     return result
 
 
+def check_corpus(half: str) -> tuple[collections.Counter[str], list[str]]:
+    """Bugs per category and the corpus errors of one part, without linting it.
+
+    For authors of a part: labels parse, every builder is registered, runs twice with the same
+    result and returns the gate dtypes the registry claims.
+    """
+    source = CORPUS / half
+    registry = json.loads((source / "registry.json").read_text(encoding="utf-8"))
+    errors: list[str] = []
+    labels: list[Label] = []
+    for path in corpus_files(source):
+        try:
+            labels += parse_labels(path.relative_to(source).as_posix(), path.read_text("utf-8"))
+        except (ValueError, SyntaxError) as error:
+            errors.append(str(error))
+    categories = collections.Counter({label.bug: label.category for label in labels}.values())
+    declared: dict[str, Any] = registry["builders"]
+    defined = builder_names(source)
+    errors += [f"{n}: not in registry.json" for n in defined if n not in declared]
+    errors += [f"{n}: in registry.json, not defined" for n in declared if n not in defined]
+    targets = [name for name in defined if name in declared]
+    first, again = run_builders(source, targets), run_builders(source, targets)
+    for name in targets:
+        expected_buggy, patterns = registered(registry, name)
+        errors += compare_builder(
+            name, expected_buggy, patterns, first[name], again[name], first[name]
+        )[1]
+    return categories, errors
+
+
 # --- report -------------------------------------------------------------------------------
 
 
@@ -608,11 +640,26 @@ def environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--half", choices=[*HALVES, "all"], default="all")
+    parts = sorted(p.name for p in CORPUS.iterdir() if (p / "registry.json").is_file())
+    parser.add_argument("--half", choices=[*parts, "all"], default="all")
     parser.add_argument("--json", type=Path, help="write every count and outcome to this file")
     parser.add_argument("--details", action="store_true", help="list missed and false findings")
+    parser.add_argument(
+        "--corpus-only",
+        action="store_true",
+        help="do not lint: check labels and builders, and count bugs per category",
+    )
     args = parser.parse_args(argv)
     halves = HALVES if args.half == "all" else (args.half,)
+    if args.corpus_only:
+        failed = False
+        for half in halves:
+            categories, errors = check_corpus(half)
+            print(f"## {half}: {sum(categories.values())} bugs")
+            print("\n".join(f"  {name}: {count}" for name, count in sorted(categories.items())))
+            print("\n".join(f"corpus error: {error}" for error in errors) or "no corpus errors")
+            failed = failed or bool(errors)
+        return 1 if failed else 0
     results: list[HalfResult] = []
     with tempfile.TemporaryDirectory(prefix="replaylint-accuracy-") as folder:
         for half in halves:
