@@ -74,7 +74,7 @@ def callable_facts(
             return prov.tensor_facts(args[0].value, site, env)
         return None
     if isinstance(func, cst.Name) or (
-        isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Call))
     ):
         return _made_by(prov, func, call, site, env)
     return None
@@ -127,8 +127,11 @@ def _function(
     bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
     if bound_env is None:
         return None
-    if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env):
-        return None  # a parameter rebound in the body: its argument is not what the body reads
+    # a parameter rebound in the body (`f = f.view(...)`): the body reads it as its own
+    # parameter, not as the argument of this call
+    rebound = [name for name in bound_env if len(scope.bindings.get(name, ())) > 1]
+    if rebound:
+        bound_env = {k: v for k, v in bound_env.items() if k not in rebound}
     values = _yields(function)
     if values is None or (values and element is not None):
         return None
@@ -280,7 +283,8 @@ def _localised(
     inside = prov.within(target.node, root)
     if inside and fact.via and not all(prov.index.read_once(b) for b in fact.via):
         return replace(local, target=None)  # the callable's local has other uses
-    if inside and shared:
+    if inside and shared and fact.kind is not Kind.ACTIVATION:
+        # (a value computed from activations is the callable's own: every call gets that dtype)
         fresh = fact.allocation is not None and prov.within(fact.allocation.call, root)
         cast = CastValue(call) if fresh and call is not None else None
         # the finding is about this call, not the callable the other calls share

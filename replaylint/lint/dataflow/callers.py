@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 _Value = tuple[cst.BaseExpression, Site]
+Passed = tuple[str, ...] | tuple[TensorFact, ...] | None
+"""The one dtype (or dtypes) the calls pass, or what they pass computed from activations."""
 
 
 def passed_facts(
@@ -33,9 +35,13 @@ def passed_facts(
 ) -> tuple[TensorFact, ...] | None:
     """What the module's calls pass for the parameter ``binding``, read at ``use``; None when
     that is not one known dtype."""
-    dtypes = prov.passed_dtypes(binding, lambda: _passed_dtypes(prov, binding))
-    if dtypes is None:
+    passed = prov.passed_dtypes(binding, lambda: _passed_dtypes(prov, binding))
+    if passed is None:
         return None
+    dtypes = tuple(dtype for dtype in passed if isinstance(dtype, str))
+    if not dtypes:
+        # the calls pass values computed from their activations: that is what arrives here
+        return tuple(fact for fact in passed if isinstance(fact, TensorFact))
     if dtypes == (FLOAT32,):
         return (TensorFact(Kind.FLOAT32, use),)
     facts = tuple(DtypeFact(dtype, use, binding, parameter=binding.name) for dtype in dtypes)
@@ -50,17 +56,20 @@ def passed_facts(
     return (TensorFact(Kind.PASSED, use, dtypes=facts, detail=detail),)
 
 
-def _passed_dtypes(prov: Provenance, binding: Binding) -> tuple[str, ...] | None:
+def _passed_dtypes(prov: Provenance, binding: Binding) -> Passed:
     values = passed_values(prov, binding)
     if not values:
         return None  # not called in the module, or a call that cannot be read
     dtypes: set[str] = set()
-    for value in values:
-        for fact in _value_facts(prov, *value):
-            dtype = definite_dtype(fact)
-            if dtype is None:
-                return None
-            dtypes.add(dtype)
+    facts = [fact for value in values for fact in _value_facts(prov, *value)]
+    kinds = {fact.kind for fact in facts}
+    if Kind.ACTIVATION in kinds and kinds <= {Kind.ACTIVATION, Kind.FLOAT32}:
+        return tuple(facts)  # computed from activations on some path: that arrives here
+    for fact in facts:
+        dtype = definite_dtype(fact)
+        if dtype is None:
+            return None
+        dtypes.add(dtype)
     if not dtypes or (FLOAT32 in dtypes and len(dtypes) > 1):
         return None  # called with float32 as well: not decided
     return tuple(sorted(dtypes))

@@ -68,6 +68,9 @@ class Kind(enum.Enum):
     tensor of one dtype that is not float32."""
     NOT_FLOATING = "not-floating"
     """An integer, bool or complex tensor: an index or a mask, not a log-decay ring."""
+    ACTIVATION = "activation"
+    """Computed from the model's activations (an argument, a layer's output) by elementwise
+    steps with numbers only: the model's dtype, unless something casts it."""
     UNKNOWN = "unknown"
 
 

@@ -50,6 +50,16 @@ def called_function(
                 class_index = site.scopes.index(owner)
                 return binding.node, (*site.scopes[: class_index + 1], binding.node), not static
         return None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+        # `Attention(cfg).ring()`, `build_attention().ring()`: a method of the instance made
+        made = _made_class(index, provenance, func.value, site)
+        method = _method(index, made, func.attr.value) if made is not None else None
+        if method is None or any(
+            dotted_name(d.decorator) == "staticmethod" for d in method.decorators
+        ):
+            return None
+        assert made is not None
+        return method, (index.module, made, method), True
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
         owner = _class_of(index, provenance, func.value, site)
         if owner is None:
@@ -88,8 +98,33 @@ def _class_of(
             text if isinstance(text, str) else (dotted_name(node) if node is not None else None)
         )
     elif binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        written = dotted_name(binding.value.func)
+        return _made_class(index, provenance, binding.value, found[0][1])
     return _module_class(index, written) if written else None
+
+
+def _made_class(
+    index: ModuleIndex, provenance: Provenance, call: cst.Call, site: Site
+) -> cst.ClassDef | None:
+    """The module-level class of what ``call`` makes: ``Cls(...)``, or a call of a function of
+    the module annotated to return ``Cls``."""
+    made = _module_class(index, dotted_name(call.func))
+    if made is not None or not isinstance(call.func, cst.Name):
+        return made
+    for binding, _ in provenance.lookup(call.func.value, site) or ():
+        function = binding.node
+        if binding.kind == "definition" and isinstance(function, cst.FunctionDef):
+            returns = function.returns.annotation if function.returns is not None else None
+            text = returns.evaluated_value if isinstance(returns, cst.SimpleString) else None
+            written = text if isinstance(text, str) else dotted_name(returns) if returns else None
+            return _module_class(index, written)
+    return None
+
+
+def _method(index: ModuleIndex, owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    for binding in index.scope(owner).bindings.get(name, ()):
+        if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
+            return binding.node
+    return None
 
 
 def _module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:

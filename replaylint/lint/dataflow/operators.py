@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow import callers
+from replaylint.lint.dataflow import activations
 from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
-from replaylint.lint.dataflow.scopes import Binding
-from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
+from replaylint.lint.dataflow.scalars import is_number, is_scalar
+from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
     BINARY_METHODS,
     ELEMENTWISE_METHODS,
@@ -108,7 +108,13 @@ def _elementwise(
 ) -> tuple[TensorFact, ...]:
     dtype_arg = keyword_arg(call, "dtype")
     if dtype_arg is None:
-        return prov.tensor_facts(source, site, env)
+        source_facts = prov.tensor_facts(source, site, env)
+        name = method_name(call) or next(iter(prov.index.qualified_names(call.func)), "")
+        if activations.computes(name):
+            computed = activations.activation_fact(prov, call, source, site, env, source_facts)
+            if computed is not None:
+                return (computed,)
+        return source_facts
     facts = prov.dtype_facts(dtype_arg.value, site, env)
     if all(f.is_float32 for f in facts):
         return (TensorFact(Kind.FLOAT32, call, dtypes=facts),)
@@ -133,15 +139,20 @@ def promoted(
     env: Env,
 ) -> Iterator[TensorFact]:
     """The facts of a result with the promoted dtype of ``operands`` (numbers left out)."""
-    tensors = [
-        prov.tensor_facts(operand, where, env)
-        for operand, where in operands
-        if not is_number(prov, operand, where, env)
+    kept = [
+        (operand, where) for operand, where in operands if not is_scalar(prov, operand, where, env)
     ]
+    tensors = [prov.tensor_facts(operand, where, env) for operand, where in kept]
     if not tensors:
         yield TensorFact(Kind.UNKNOWN, node)
         return
     if len(tensors) == 1:
+        if len(kept) < len(operands):
+            # an activation scaled or shifted by a number: the activations' dtype
+            computed = activations.activation_fact(prov, node, *kept[0], env, tensors[0])
+            if computed is not None:
+                yield computed
+                return
         yield from tensors[0]
         return
     ranks = [_rank(facts) for facts in tensors]
@@ -169,6 +180,8 @@ def _rank(facts: Sequence[TensorFact]) -> int | None:
             continue
         elif fact.kind is Kind.UNKNOWN:
             return None
+        elif fact.kind is Kind.ACTIVATION:
+            highest = max(highest, 1)  # the model's dtype: bf16, fp16 or float32
         else:
             literals = [d.dtype for d in fact.dtypes]
             known = [FLOATING_RANK.get(d) for d in literals if d is not None]
@@ -178,57 +191,6 @@ def _rank(facts: Sequence[TensorFact]) -> int | None:
                 continue
             highest = max(highest, *(k for k in known if k is not None))
     return highest
-
-
-def is_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> bool:
-    """Whether ``expr`` is a Python number: a literal, a negated one, ``float(...)``,
-    ``int(...)``, ``t.item()``, a parameter annotated ``float`` or ``int``, or a name bound to
-    one of those."""
-    if isinstance(expr, (cst.Integer, cst.Float)):
-        return True
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus)):
-        return is_number(prov, expr.expression, site, env)
-    if isinstance(expr, cst.BinaryOperation):
-        return is_number(prov, expr.left, site, env) and is_number(prov, expr.right, site, env)
-    if isinstance(expr, cst.Call):
-        if method_name(expr) == "item" and not expr.args:
-            return True
-        return isinstance(expr.func, cst.Name) and bool(
-            prov.index.qualified_names(expr.func) & _NUMBER_BUILTINS
-        )
-    if isinstance(expr, cst.Name) and bound_in(env, expr) is None:
-        found = prov.lookup(expr.value, site, env)
-        return bool(found) and all(
-            _number_binding(prov, binding, binding_site, env)
-            for binding, binding_site in found or ()
-        )
-    return False
-
-
-_NUMBER_BUILTINS = frozenset({"float", "int"})
-
-
-def _number_binding(prov: Provenance, binding: Binding, site: Site, env: Env) -> bool:
-    if binding.kind == "param":
-        annotation = binding.node.annotation if isinstance(binding.node, cst.Param) else None
-        if annotation is not None:
-            return (
-                isinstance(annotation.annotation, cst.Name)
-                and annotation.annotation.value in _NUMBER_BUILTINS
-            )
-        # every call of the module passes a number (`scale(g, 0.5)`)
-        if not prov.enter():
-            return False
-        try:
-            passed = callers.passed_values(prov, binding)
-            return bool(passed) and all(is_number(prov, *value, NO_ENV) for value in passed or ())
-        finally:
-            prov.leave()
-    return (
-        binding.kind == "assign"
-        and isinstance(binding.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Call))
-        and is_number(prov, binding.value, site, env)
-    )
 
 
 def _parts(

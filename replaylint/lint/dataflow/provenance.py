@@ -94,7 +94,7 @@ class Provenance:
     _depth: int = field(default=0)
     _descendants: dict[int, frozenset[int]] = field(default_factory=dict)
     _mappings: collisions.MappingUses | None = field(default=None)
-    _passed: dict[int, tuple[str, ...] | None] = field(default_factory=dict)
+    _passed: dict[int, callers.Passed] = field(default_factory=dict)
     _gate_buffers: dict[str, modules.GateBuffer] | None = field(default=None)
     _imports_holder: bool | None = field(default=None)
     _memo: dict[tuple[int, int, tuple[tuple[str, str | Bound], ...]], tuple[TensorFact, ...]] = (
@@ -516,8 +516,8 @@ class Provenance:
         return decided(facts, node, target, allocation)
 
     def passed_dtypes(
-        self, binding: Binding, compute: Callable[[], tuple[str, ...] | None]
-    ) -> tuple[str, ...] | None:
+        self, binding: Binding, compute: Callable[[], callers.Passed]
+    ) -> callers.Passed:
         """What the module's calls pass for the parameter ``binding`` (see :mod:`.callers`)."""
         if id(binding.node) not in self._passed:
             self._passed[id(binding.node)] = None  # a call that passes the parameter on

@@ -52,6 +52,11 @@ element of a tuple a helper returns), the finding names that dtype; Python numbe
 `t.item()`, a parameter annotated `float`) do not promote it, a float32 operand does. A call from
 another module is not seen.
 
+A gate cache computed from activations (a layer's output, a `forward` argument, an argument the
+module's calls fill with activations) by elementwise steps with numbers or 0-dim tensors only
+(`bound * self.f_proj(x).sigmoid()`, `F.logsigmoid(logits) / normalizer`) has the model's dtype;
+it is reported where it is computed, also in a method whose result becomes the gate cache.
+
 Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
 allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
 """
@@ -63,8 +68,9 @@ torch` is added when missing); for `x.clone()` it appends `.to(torch.float32)`. 
 the one the kernel requires. When the inherited dtype was float32 already, nothing changes at run
 time.
 
-For a gate cache computed from what callers pass, the fix casts the result where it becomes the
-gate cache. It is **unsafe**: the cast copies, so a view of the caller's tensor stops sharing its
+A gate cache computed from activations is cast where it is computed (**unsafe**: other uses of
+the value get float32 too). For one computed from what callers pass, the fix casts the result
+where it becomes the gate cache. It is **unsafe**: the cast copies, so a view of the caller's tensor stops sharing its
 storage, and values already rounded to the callers' dtype stay rounded (casting the input keeps
 more precision).
 """
@@ -178,7 +184,35 @@ more precision).
                 return model, g_cache
             """
         ),
+        Valid(
+            """
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            class Gate(nn.Module):  # a cast first; an operand of unknown dtype may promote
+                def __init__(self, dim, g_cache):
+                    super().__init__()
+                    self.f_proj = nn.Linear(dim, dim)
+                    self.A_log = nn.Parameter(torch.zeros(dim))
+                    self.g_cache = g_cache  # a ring passed in: checked where it is made
+
+                def forward(self, hidden):
+                    self.g_cache = F.logsigmoid(self.f_proj(hidden).float()) / 16.0
+                    self.replayssm_g = -self.A_log.exp() * F.softplus(self.f_proj(hidden))
+
+
+            def scale(gates):
+                g_cache = gates.cumsum(-1) * 0.5  # the module passes only float32
+                return g_cache
+
+
+            ring = scale(torch.zeros(4, 16, dtype=torch.float32))
+            """
+        ),
     )
+
     INVALID = (
         Invalid(
             """
@@ -456,6 +490,53 @@ more precision).
             """,
             message_contains="`torch.set_default_dtype(config.torch_dtype)` sets to a dtype",
         ),
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            class DraftHead(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.gate_proj = nn.Linear(dim, dim)
+
+                def log_decay(self, logits):
+                    return F.logsigmoid(logits) / 16.0
+
+                def forward(self, hidden):
+                    # a layer's output has the model's dtype; a number does not promote it
+                    self.g_cache = -5.0 * self.gate_proj(hidden).sigmoid()
+                    return self.log_decay(self.gate_proj(hidden)).transpose(0, 1)
+
+                def seed(self, hidden):
+                    self.replayssm_g = self.forward(hidden)
+            """,
+            expected_fix="""
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            class DraftHead(nn.Module):
+                def __init__(self, dim):
+                    super().__init__()
+                    self.gate_proj = nn.Linear(dim, dim)
+
+                def log_decay(self, logits):
+                    return F.logsigmoid(logits).to(torch.float32) / 16.0
+
+                def forward(self, hidden):
+                    # a layer's output has the model's dtype; a number does not promote it
+                    self.g_cache = -5.0 * self.gate_proj(hidden).sigmoid().to(torch.float32)
+                    return self.log_decay(self.gate_proj(hidden)).transpose(0, 1)
+
+                def seed(self, hidden):
+                    self.replayssm_g = self.forward(hidden)
+            """,
+            message_contains="a layer's output, with elementwise steps and numbers only",
+        ),
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
@@ -464,16 +545,23 @@ more precision).
         if passed:
             self._passed(binding, passed)
         for fact in facts:
-            if fact.kind is not Kind.INHERITED:
+            if fact.kind not in {Kind.INHERITED, Kind.ACTIVATION}:
                 continue
-            subject = self.subject(binding)
-            if isinstance(fact.target, CastValue):
+            subject, applicability = self.subject(binding), Applicability.SAFE
+            if fact.kind is Kind.ACTIVATION:
+                message = (
+                    f"{subject} is computed from {fact.detail}, with elementwise steps and numbers "
+                    "only, so it has the activations' dtype (the model's), not float32"
+                )
+                # other uses of the computed value get float32 too
+                action, applicability = "Cast it with .to({float32})", Applicability.UNSAFE
+            elif isinstance(fact.target, CastValue):
                 message = f"{subject} is {fact.detail}, which is not known to be float32"
                 action = "Cast the copy with .to({float32})"
             else:
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"
                 action = "Allocate it with dtype={float32}"
-            fix = self.fix_for(binding, fact, fact.target, action, Applicability.SAFE)
+            fix = self.fix_for(binding, fact, fact.target, action, applicability)
             self.report(
                 fact.node,
                 f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",

@@ -1,0 +1,244 @@
+"""Tensors a model computes: its activations, whose dtype is the model's.
+
+A log-decay worked out in the forward pass — ``lower_bound * torch.sigmoid(f)``,
+``F.logsigmoid(self.f_proj(x)) / normalizer`` — has the dtype of the activations it starts from
+when every other operand is a number or a 0-dim tensor, and a bf16 model's activations are bf16.
+Such a gate ring is only float32 when something casts it. Which tensors count as activations:
+
+* an argument of the function (not ``self``, not one annotated as a number or a string);
+* the output of one of the module's layers: a call on an attribute of ``self``
+  (``self.f_proj(x)``, ``self.attn.gate_projection(h)``) that is not a method the module defines;
+* what views, indexing, elementwise functions and arithmetic with numbers make of those.
+
+The analysis asks this only of an expression whose dtype it cannot tell otherwise, and only where
+something is *computed* (an elementwise function, arithmetic with a number): a ring passed
+through unchanged keeps whatever dtype its maker chose and is checked there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow import callers
+from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
+from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.scalars import is_scalar
+from replaylint.lint.dataflow.scopes import Binding
+from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
+from replaylint.lint.dataflow.torch_api import (
+    DTYPE_PRESERVING_ATTRIBUTES,
+    DTYPE_PRESERVING_METHODS,
+    ELEMENTWISE_METHODS,
+    TORCH_ELEMENTWISE_FUNCTIONS,
+)
+from replaylint.lint.syntax.nodes import method_name, one_line, positional_args, string_key
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+# elementwise functions that compute new values (a reshape or a transpose computes nothing)
+COMPUTING = frozenset(
+    {
+        "exp", "log", "log1p", "expm1", "neg", "negative", "abs", "sqrt", "rsqrt", "sigmoid",
+        "tanh", "clamp", "clip", "clamp_min", "clamp_max", "cumsum", "cumprod", "logcumsumexp",
+        "softmax", "log_softmax", "logsigmoid", "softplus", "silu", "relu", "elu",
+    }
+)  # fmt: skip
+# methods of other objects, not layers: `self.pool.get(slot)` reads a store
+_NOT_LAYERS = frozenset({"get", "pop", "get_tensor", "setdefault", "load", "read", "lookup"})
+_NOT_TENSOR_ANNOTATIONS = frozenset({"int", "float", "bool", "str", "bytes", "dict", "list"})
+
+
+def computes(name: str) -> bool:
+    """Whether the elementwise function or method ``name`` (``torch.sigmoid``, ``exp``)
+    computes new values."""
+    return name.rpartition(".")[2] in COMPUTING
+
+
+def activation_fact(
+    prov: Provenance,
+    node: cst.BaseExpression,
+    source: cst.BaseExpression,
+    site: Site,
+    env: Env,
+    facts: Sequence[TensorFact],
+) -> TensorFact | None:
+    """The fact of ``node``, computed from ``source`` (whose facts are ``facts``) by an
+    elementwise step, when ``source`` is an activation; None otherwise.
+
+    A function evaluated for one call sees its arguments' dtypes; when the call passes a tensor
+    that is not float32 and the function computes the gate values from it with numbers only,
+    the function is where a cast is missing, whatever this caller passes, so the fact is placed
+    there too.
+    """
+    if all(f.kind is Kind.UNKNOWN for f in facts):
+        described = activation_source(prov, source, site, env)
+    elif any(f.kind not in _DECIDED for f in facts):
+        described = activation_source(prov, source, site, env, passed_only=True)
+    else:
+        described = None
+    if described is None:
+        return None
+    return TensorFact(Kind.ACTIVATION, node, detail=described, target=CastValue(node))
+
+
+_DECIDED = frozenset({Kind.FLOAT32, Kind.NOT_FLOATING, Kind.UNKNOWN, Kind.ACTIVATION})
+
+
+def activation_source(
+    prov: Provenance,
+    expr: cst.BaseExpression,
+    site: Site,
+    env: Env,
+    *,
+    passed_only: bool = False,
+) -> str | None:
+    """What ``expr`` is computed from when that is an activation (``"`f`, an argument of
+    `log_decay`"``); None when it is computed from anything else. With ``passed_only``, only an
+    argument of the function evaluated for a call counts."""
+    if not prov.enter():
+        return None
+    try:
+        return _Trace(prov, passed_only).source(expr, site, env, 0)
+    finally:
+        prov.leave()
+
+
+_MAX_STEPS = 40  # a trace walks one expression step at a time: this bounds its length
+
+
+@dataclass(frozen=True)
+class _Trace:
+    prov: Provenance
+    passed_only: bool
+
+    def source(self, expr: cst.BaseExpression, site: Site, env: Env, steps: int) -> str | None:
+        if steps > _MAX_STEPS:
+            return None
+        steps += 1
+        prov = self.prov
+        if isinstance(expr, cst.Name):
+            return self._name(expr, site, env, steps)
+        if isinstance(expr, cst.Subscript):
+            return (
+                None if string_key(expr) is not None else self.source(expr.value, site, env, steps)
+            )
+        if isinstance(expr, cst.Attribute):
+            if expr.attr.value in DTYPE_PRESERVING_ATTRIBUTES:
+                return self.source(expr.value, site, env, steps)
+            return None
+        if isinstance(expr, cst.UnaryOperation) and isinstance(
+            expr.operator, (cst.Minus, cst.Plus)
+        ):
+            return self.source(expr.expression, site, env, steps)
+        if isinstance(expr, cst.BinaryOperation):
+            operands = [o for o in (expr.left, expr.right) if not is_scalar(prov, o, site, env)]
+            sources = [self.source(operand, site, env, steps) for operand in operands]
+            return sources[0] if sources and all(sources) else None
+        if isinstance(expr, cst.Call):
+            return self._call(expr, site, env, steps)
+        return None
+
+    def _name(self, expr: cst.Name, site: Site, env: Env, steps: int) -> str | None:
+        prov = self.prov
+        if prov.index.gate_caches.matches(expr.value):
+            return None  # a gate cache is checked where it is made
+        bound = bound_in(env, expr)
+        if bound is not None and not self.passed_only:
+            # a loop variable, or the argument of the call being evaluated: what it holds
+            return self.source(bound.expr, bound.site, bound.env(env), steps)
+        found = prov.lookup(expr.value, site, env)
+        if not found:
+            return None
+        described: str | None = None
+        for binding, where in found:
+            if binding.kind == "param" and isinstance(binding.node, cst.Param):
+                found_here = self._parameter(binding, bound is not None, steps)
+            elif binding.kind == "assign" and binding.value is not None:
+                found_here = self.source(binding.value, where, env, steps)
+            elif binding.kind == "assign" and not self.passed_only:
+                unpacked = _unpacked_from(binding)  # `q, g, beta = self.proj(x).split(...)`
+                found_here = self.source(unpacked, where, env, steps) if unpacked else None
+            else:
+                found_here = None
+            if not found_here:
+                return None
+            described = described or found_here
+        return described
+
+    def _parameter(self, binding: Binding, passed: bool, steps: int) -> str | None:
+        """An argument is an activation in a model's ``forward``, where the module's calls pass
+        activations, and (``passed_only``) where the call being evaluated passes a tensor."""
+        param = binding.node
+        assert isinstance(param, cst.Param)
+        if param.name.value in {"self", "cls"} or param.star or _not_a_tensor(param):
+            return None
+        function = binding.scope
+        if not isinstance(function, cst.FunctionDef):
+            return None
+        described = f"`{param.name.value}`, an argument of `{function.name.value}`"
+        if self.passed_only:
+            return described if passed else None
+        if function.name.value in {"forward", "__call__"}:
+            return described
+        values = callers.passed_values(self.prov, binding)
+        if values and all(self.source(value, where, NO_ENV, steps) for value, where in values):
+            return described
+        return None
+
+    def _call(self, call: cst.Call, site: Site, env: Env, steps: int) -> str | None:
+        prov = self.prov
+        method = method_name(call)
+        func = call.func
+        if isinstance(func, cst.Attribute) and method in _KEEPING_METHODS:
+            return self.source(func.value, site, env, steps)
+        if prov.index.qualified_names(func) & TORCH_ELEMENTWISE_FUNCTIONS:
+            positional = positional_args(call)
+            return self.source(positional[0].value, site, env, steps) if positional else None
+        if (
+            not self.passed_only
+            and _on_self(func)
+            and method not in _NOT_LAYERS
+            and positional_args(call)
+            and called_function(prov.index, prov, call, site) is None
+        ):
+            # not a method of the module (what one returns is followed elsewhere): a layer
+            return f"`{one_line(prov.index.module, call)}`, a layer's output"
+        return None
+
+
+_KEEPING_METHODS = DTYPE_PRESERVING_METHODS | ELEMENTWISE_METHODS
+
+
+def _unpacked_from(binding: Binding) -> cst.BaseExpression | None:
+    """The value a tuple target is unpacked from (``a, b = value``)."""
+    statement = binding.statement
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        assign = statement.body[0]
+        if isinstance(assign, cst.Assign) and isinstance(
+            assign.targets[0].target, (cst.Tuple, cst.List)
+        ):
+            return assign.value
+    return None
+
+
+def _not_a_tensor(param: cst.Param) -> bool:
+    annotation = param.annotation.annotation if param.annotation is not None else None
+    if isinstance(annotation, cst.Name):
+        return annotation.value in _NOT_TENSOR_ANNOTATIONS
+    return isinstance(annotation, (cst.Subscript, cst.BinaryOperation)) and "Tensor" not in (
+        cst.Module([]).code_for_node(annotation)
+    )
+
+
+def _on_self(func: cst.BaseExpression) -> bool:
+    """``self.x`` or ``self.x.y`` (a layer of the module, or of one of its parts)."""
+    depth = 0
+    while isinstance(func, cst.Attribute) and depth < 3:
+        func, depth = func.value, depth + 1
+    return depth > 0 and isinstance(func, cst.Name) and func.value == "self"

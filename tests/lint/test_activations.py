@@ -1,0 +1,165 @@
+"""Gate caches computed from a model's activations (``dataflow/activations.py``) and the operands
+that never promote them (``dataflow/scalars.py``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from replaylint.lint.config.settings import Settings
+from replaylint.lint.engine import Linter
+
+
+def _rows(source: str) -> list[tuple[int, str]]:
+    linter = Linter(Settings())
+    text = textwrap.dedent(source).lstrip("\n")
+    return [(f.location.row, f.code) for f in linter.check(text, "m.py")]
+
+
+def _fixed(source: str) -> str:
+    text = textwrap.dedent(source).lstrip("\n")
+    return Linter().fix(text, "m.py", unsafe=True).source
+
+
+_LAYER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from dataclasses import dataclass
+
+DEFAULT_BOUND = -5.0
+
+
+@dataclass
+class GateConfig:
+    gate_lower_bound: float | None = None
+    normalizer: float = 16.0
+
+
+class Gate(nn.Module):
+    def __init__(self, config: GateConfig, dim: int):
+        super().__init__()
+        self.f_proj = nn.Linear(dim, dim)
+        self.lower_bound = config.gate_lower_bound
+        self.register_buffer("normalizer", torch.tensor(config.normalizer), persistent=False)
+        self.register_buffer("scale", torch.ones(dim, dtype=torch.float32), persistent=False)
+
+    def forward(self, hidden):
+        {line}
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "flagged"),
+    [
+        # a 0-dim buffer does not promote a dimensioned tensor
+        ("self.g_cache = F.logsigmoid(self.f_proj(hidden)) / self.normalizer", True),
+        # a field annotated as a number, through the instance
+        ("self.g_cache = self.lower_bound * torch.sigmoid(self.f_proj(hidden))", True),
+        # `x or DEFAULT`: a number
+        (
+            "self.g_cache = (self.lower_bound or DEFAULT_BOUND) * self.f_proj(hidden).sigmoid()",
+            True,
+        ),
+        # a forward argument is an activation, views and indexing keep its dtype
+        ("self.g_cache = -F.softplus(hidden.transpose(0, 1)[None])", True),
+        # a float32 buffer with dimensions promotes the result
+        ("self.g_cache = self.scale * torch.sigmoid(self.f_proj(hidden))", False),
+        # cast before the gate math
+        ("self.g_cache = F.logsigmoid(self.f_proj(hidden).float()) / self.normalizer", False),
+        # cast after it
+        ("self.g_cache = (self.lower_bound * self.f_proj(hidden).sigmoid()).float()", False),
+        # nothing computed: a layer's output stored as it is is not judged here
+        ("self.g_cache = self.f_proj(hidden).view(2, -1)", False),
+    ],
+)
+def test_a_gate_cache_computed_from_activations(line: str, flagged: bool) -> None:
+    rows = _rows(_LAYER.format(line=line))
+    assert (rows == [(24, "RL003")]) if flagged else rows == []
+
+
+def test_the_finding_is_where_a_method_computes_the_values() -> None:
+    source = """
+        import torch
+        from torch import nn
+
+
+        class Mixer(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.in_proj = nn.Linear(dim, 3 * dim)
+
+            def _log_decay(self, gate_logits):
+                gate_logits = gate_logits.unflatten(-1, (2, -1))
+                return 0.5 * torch.sigmoid(gate_logits)
+
+            def _states(self, log_decay):
+                g_cache = log_decay[-4:].permute(1, 0, 2, 3).contiguous()
+                return g_cache
+
+            def forward(self, hidden):
+                q, gate_logits, beta = self.in_proj(hidden).split([4, 4, 4], dim=-1)
+                return self._states(self._log_decay(gate_logits))
+        """
+    assert _rows(source) == [(12, "RL003")]
+    assert "return 0.5 * torch.sigmoid(gate_logits).to(torch.float32)" in _fixed(source)
+
+
+def test_an_argument_is_an_activation_only_where_the_module_passes_activations() -> None:
+    # the module's only call passes a fresh float32 allocation: nothing to report
+    source = """
+        import torch
+
+        def ring_from(logits):
+            g_cache = torch.sigmoid(logits) * 0.5
+            return g_cache
+
+        ring = ring_from(torch.zeros(4, 16, dtype=torch.float32))
+        """
+    assert _rows(source) == []
+    # a function nobody in the module calls: its argument's dtype is not known
+    assert _rows(source.replace("ring = ring_from(", "ring = print(")) == []
+
+
+def test_a_method_that_computes_from_what_its_caller_passes_is_reported_inside() -> None:
+    # the call passes bf16 data; the missing cast is in the method, whoever calls it
+    source = """
+        import torch
+        from torch import nn
+
+
+        class Attention(nn.Module):
+            def gate_ring(self, gate_logits: torch.Tensor) -> torch.Tensor:
+                return -5.0 * torch.sigmoid(gate_logits[:, -4:])
+
+
+        def make() -> Attention:
+            return Attention()
+
+
+        def build():
+            return {"g_cache": make().gate_ring(torch.randn(2, 6).to(torch.bfloat16))}
+        """
+    assert _rows(source) == [(7, "RL003")]
+
+
+def test_a_ring_passed_in_unchanged_is_not_an_activation() -> None:
+    source = """
+        import torch
+        from torch import nn
+
+
+        class Cache(nn.Module):
+            def __init__(self, d_cache, k_cache, g_cache):
+                super().__init__()
+                self.d_cache, self.k_cache = d_cache, k_cache
+                self.g_cache = g_cache
+
+            def forward(self, g):
+                self.g_cache = g.clone()
+        """
+    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    # the constructor's ring is checked where it is made; the clone is RL003's copy finding
+    assert [(f.location.row, f.code) for f in findings] == [(12, "RL003")]
+    assert "a clone of `g`" in findings[0].message
