@@ -1,0 +1,3 @@
+from .kvcache_manager import KVCacheManager
+
+__all__ = ["KVCacheManager"]

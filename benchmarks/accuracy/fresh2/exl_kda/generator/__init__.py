@@ -1,0 +1,1 @@
+from .dynamic import CachePage, ExLlamaV2DynamicGenerator, ExLlamaV2DynamicJob
