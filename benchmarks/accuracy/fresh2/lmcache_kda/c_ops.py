@@ -1,0 +1,32 @@
+"""Bindings of the CUDA ops used by the connector. CPU stand-ins: they record their inputs."""
+
+from typing import Any, Optional
+
+import torch
+
+LAST_CALL: dict[str, Any] = {}
+
+
+def fused_recurrent_kda_replayssm_decode(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: Optional[torch.Tensor] = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    lower_bound: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ReplaySSM decode step of Kimi Delta Attention; returns ``out`` and the state."""
+    LAST_CALL.clear()
+    LAST_CALL.update(initial_state=initial_state, d_cache=d_cache, k_cache=k_cache, g_cache=g_cache,
+                     ssm_state_indices=ssm_state_indices, write_pos=write_pos)
+    return out, initial_state

@@ -1,0 +1,1 @@
+from .vllm_adapter import init_lmcache_engine, lmcache_retrieve_replay_state, lmcache_store_replay_state
