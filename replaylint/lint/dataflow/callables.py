@@ -283,8 +283,9 @@ def _localised(
     inside = prov.within(target.node, root)
     if inside and fact.via and not all(prov.index.read_once(b) for b in fact.via):
         return replace(local, target=None)  # the callable's local has other uses
-    if inside and shared and fact.kind is not Kind.ACTIVATION:
-        # (a value computed from activations is the callable's own: every call gets that dtype)
+    if inside and shared and fact.kind is Kind.ACTIVATION:
+        return local  # computed by the callable itself: reported there, cast by the caller
+    if inside and shared:
         fresh = fact.allocation is not None and prov.within(fact.allocation.call, root)
         cast = CastValue(call) if fresh and call is not None else None
         # the finding is about this call, not the callable the other calls share

@@ -68,11 +68,9 @@ torch` is added when missing); for `x.clone()` it appends `.to(torch.float32)`. 
 the one the kernel requires. When the inherited dtype was float32 already, nothing changes at run
 time.
 
-A gate cache computed from activations is cast where it is computed (**unsafe**: other uses of
-the value get float32 too). For one computed from what callers pass, the fix casts the result
-where it becomes the gate cache. It is **unsafe**: the cast copies, so a view of the caller's tensor stops sharing its
-storage, and values already rounded to the callers' dtype stay rounded (casting the input keeps
-more precision).
+For a gate cache computed from activations or from what callers pass, the fix casts the value
+where it becomes the gate cache (other uses of the value keep theirs). It is **unsafe**: the cast
+copies, so a view of the caller's tensor stops sharing its storage.
 """
         + FIX_SAFETY
     )
@@ -525,15 +523,15 @@ more precision).
                     self.gate_proj = nn.Linear(dim, dim)
 
                 def log_decay(self, logits):
-                    return F.logsigmoid(logits).to(torch.float32) / 16.0
+                    return F.logsigmoid(logits) / 16.0
 
                 def forward(self, hidden):
                     # a layer's output has the model's dtype; a number does not promote it
-                    self.g_cache = -5.0 * self.gate_proj(hidden).sigmoid().to(torch.float32)
+                    self.g_cache = (-5.0 * self.gate_proj(hidden).sigmoid()).to(torch.float32)
                     return self.log_decay(self.gate_proj(hidden)).transpose(0, 1)
 
                 def seed(self, hidden):
-                    self.replayssm_g = self.forward(hidden)
+                    self.replayssm_g = self.forward(hidden).to(torch.float32)
             """,
             message_contains="a layer's output, with elementwise steps and numbers only",
         ),
@@ -545,28 +543,43 @@ more precision).
         if passed:
             self._passed(binding, passed)
         for fact in facts:
-            if fact.kind not in {Kind.INHERITED, Kind.ACTIVATION}:
-                continue
-            subject, applicability = self.subject(binding), Applicability.SAFE
             if fact.kind is Kind.ACTIVATION:
-                message = (
-                    f"{subject} is computed from {fact.detail}, with elementwise steps and numbers "
-                    "only, so it has the activations' dtype (the model's), not float32"
-                )
-                # other uses of the computed value get float32 too
-                action, applicability = "Cast it with .to({float32})", Applicability.UNSAFE
-            elif isinstance(fact.target, CastValue):
+                self._activation(binding, fact)
+            if fact.kind is not Kind.INHERITED:
+                continue
+            subject = self.subject(binding)
+            if isinstance(fact.target, CastValue):
                 message = f"{subject} is {fact.detail}, which is not known to be float32"
                 action = "Cast the copy with .to({float32})"
             else:
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"
                 action = "Allocate it with dtype={float32}"
-            fix = self.fix_for(binding, fact, fact.target, action, applicability)
+            fix = self.fix_for(binding, fact, fact.target, action, Applicability.SAFE)
             self.report(
                 fact.node,
                 f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+    def _activation(self, binding: GateCacheBinding, fact: TensorFact) -> None:
+        """Computed from activations: reported where it is computed, cast where it becomes the
+        gate cache (other uses of the computed value keep theirs)."""
+        message = (
+            f"{self.subject(binding)} is computed from {fact.detail}, with elementwise steps and "
+            "numbers only, so it has the activations' dtype (the model's), not float32"
+        )
+        self.report(
+            fact.node, f"{message}{through(self.context, fact)}; {WHY}", fix=self._cast(binding)
+        )
+
+    def _cast(self, binding: GateCacheBinding) -> FixDraft | None:
+        """A cast of the value where it becomes the gate cache (a copy: unsafe)."""
+        spelling = self.context.spelling
+        made = None if binding.shared_with else spelling.cast_at(binding.value, binding.site)
+        if made is None:
+            return None
+        action = f"Cast it to {self.float32(binding.site)} where it becomes the gate cache"
+        return FixDraft(action, made[0], Applicability.UNSAFE)
 
     def _passed(self, binding: GateCacheBinding, facts: list[TensorFact]) -> None:
         """One finding where the gate cache is made from what the module's calls pass."""
@@ -580,18 +593,8 @@ more precision).
             )
             self.report(binding.value, f"{self.subject(binding)} is {message}; {WHY}", fix=fix)
             return
-        fix = None
-        # the cast copies: a view of the caller's tensor would stop sharing its storage
-        made = (
-            None
-            if binding.shared_with
-            else self.context.spelling.cast_at(binding.value, binding.site)
-        )
-        if made is not None:
-            action = f"Cast it to {self.float32(binding.site)} where it becomes the gate cache"
-            fix = FixDraft(action, made[0], Applicability.UNSAFE)
         self.report(
             binding.value,
             f"{self.subject(binding)} is computed from {details}, and keeps that dtype; {WHY}",
-            fix=fix,
+            fix=self._cast(binding),
         )
