@@ -356,8 +356,21 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             name = binding_name(node.target)
             if name is not None and names.matches(name):
                 return True
+        elif isinstance(node, cst.AssignTarget) and _module_table_entry(node.target):
+            return True  # `self._buffers[name] = kept`: puts back what it saved before the cast
         stack.extend(syntax_children(node))
     return False
+
+
+def _module_table_entry(target: cst.BaseExpression) -> bool:
+    """``self._buffers[...]`` or ``self._parameters[...]``."""
+    return (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Attribute)
+        and target.value.attr.value in {"_buffers", "_parameters"}
+        and isinstance(target.value.value, cst.Name)
+        and target.value.value.value == "self"
+    )
 
 
 def _inherited(

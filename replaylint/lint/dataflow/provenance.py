@@ -82,6 +82,17 @@ from replaylint.lint.syntax.traversal import descendants
 __all__ = ["Env", "Provenance"]
 
 _MAX_DEPTH = 12
+_DATA_FACTORIES = frozenset({"torch.tensor", "torch.as_tensor"})
+
+
+def _literal(data: cst.BaseExpression) -> bool:
+    """Python numbers or sequences written out (``[0.0] * n``, ``[x for ...]``): their tensor
+    takes the default dtype."""
+    if isinstance(data, cst.BinaryOperation):
+        return _literal(data.left) or _literal(data.right)
+    if isinstance(data, cst.UnaryOperation):
+        return _literal(data.expression)
+    return isinstance(data, (cst.Integer, cst.Float, cst.List, cst.Tuple, cst.ListComp))
 
 
 @dataclass
@@ -465,6 +476,12 @@ class Provenance:
                 )
                 return
         if allocation.kind == "factory":
+            data = positional_args(call)[0].value if positional_args(call) else None
+            if allocation.function in _DATA_FACTORIES and data is not None and not _literal(data):
+                # `torch.tensor(array)` takes the data's dtype: a Python list of floats is what
+                # follows the default dtype
+                yield from self.tensor_facts(data, site, env)
+                return
             yield defaults.default_dtype_fact(self, allocation, site, env)
             return
         if allocation.kind == "like":

@@ -129,7 +129,20 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 attributes += [a for t in targets if (a := _self_attribute(t)) is not None]
+                # `self._buffers[name] = kept`: puts back what it saved before the cast
+                restores = restores or any(_module_table_entry(t) for t in targets)
     return decorated or mixin or restores, attributes
+
+
+def _module_table_entry(target: ast.expr) -> bool:
+    """``self._buffers[...]`` or ``self._parameters[...]``."""
+    return (
+        isinstance(target, ast.Subscript)
+        and isinstance(target.value, ast.Attribute)
+        and target.value.attr in {"_buffers", "_parameters"}
+        and isinstance(target.value.value, ast.Name)
+        and target.value.value.id == "self"
+    )
 
 
 def _may_be_float32(value: ast.expr) -> bool:
