@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.ring_order import gate_rings_by_order
 from replaylint.lint.syntax.limits import too_large
 
 __all__ = [
@@ -73,7 +74,11 @@ def learn_gate_cache_names(
             tree = ast.parse(text, filename=filename)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        for name, origin in _names_in(tree, filename, entry_points, patterns):
+        found = [
+            *_names_in(tree, filename, entry_points, patterns),
+            *gate_rings_by_order(tree, filename),
+        ]
+        for name, origin in found:
             if name in learned or name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
                 continue
             if known is not None and known.matches(name):

@@ -1,0 +1,89 @@
+"""The gate ring by its place: ReplaySSM code lists its rings in the kernel's order, d, k, g.
+
+Whatever a project calls its rings, it tends to write them in the order the decode kernel takes
+them: ``self.d_states, self.k_states, self.decay_states = [], [], []``,
+``return self.temp_d, self.temp_k, temp_decay``,
+``RING_NAMES = ("cache_state", "cache_delta", "cache_key", "cache_gate")``,
+``ReplayStateChunk(state, d_ring, k_ring, log_gate_ring, 0)``. Three names in a row (tuple or
+list elements, a call's positional arguments, unpacking targets, strings) that are one name with
+a d-ring word, then a k-ring word, then another word in the same place (``nc_d, nc_k, nc_decay``,
+``delta_rows, key_rows, alpha_rows``) make the third the gate ring. A one-word name needs whole
+words (``delta, key, alpha``), and words that name metadata (``_shape``, ``_dtype``) or are too
+generic to mean the gate ring (``g``, ``x``) are never taken.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Sequence
+
+from replaylint.lint.gatecache.names import LearnedFrom
+
+_D_WORDS = frozenset({"d", "delta", "deltas"})
+_K_WORDS = frozenset({"k", "key", "keys"})
+_WHOLE_D = _D_WORDS - {"d"}
+_WHOLE_K = _K_WORDS - {"k"}
+_METADATA = frozenset(
+    {"shape", "shapes", "dtype", "dtypes", "size", "sizes", "bytes", "numel", "stride", "strides"}
+    | {"idx", "index", "indices", "offset", "offsets", "len", "dim", "dims", "name", "names"}
+    | {"scale", "scales", "zero", "zeros", "proj", "weight", "weights", "bias", "norm", "head"}
+    | {"heads", "model", "v", "value", "values", "q", "query"}
+)
+_GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
+
+
+def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:
+    """The names ``tree`` writes right after a d ring and a k ring of the same family."""
+    for node in ast.walk(tree):
+        for row in _rows(node):
+            names = [_written(element) for element in row]
+            for first, second, third in zip(names, names[1:], names[2:], strict=False):
+                if first and second and third and _third_of_family(first, second, third):
+                    reason = (
+                        f"written after `{first}` and `{second}`, in the place of the gate ring"
+                    )
+                    yield third, LearnedFrom(filename, getattr(node, "lineno", 1), "", reason)
+
+
+def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
+    if isinstance(node, (ast.Tuple, ast.List)):
+        yield node.elts
+    elif isinstance(node, ast.Call):
+        yield node.args
+
+
+def _written(expr: ast.expr) -> str | None:
+    """``ring`` for ``ring``, ``self.ring``, ``self.ring[i]``, ``"ring"``."""
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value.isidentifier():
+        return expr.value
+    return None
+
+
+def _third_of_family(first: str, second: str, third: str) -> bool:
+    """``nc_d, nc_k, nc_decay``; ``d_ring, k_ring, log_gate_ring`` (the gate ring's own word may
+    be several); ``delta, key, alpha``."""
+    d_words, k_words, own_words = (name.lower().split("_") for name in (first, second, third))
+    if len(d_words) != len(k_words) or third.lower() in _GENERIC or len(third) <= 2:
+        return False
+    differing = [i for i, (d, k) in enumerate(zip(d_words, k_words, strict=True)) if d != k]
+    if len(differing) != 1:
+        return False
+    place = differing[0]
+    prefix, suffix = d_words[:place], d_words[place + 1 :]
+    middle = own_words[len(prefix) : len(own_words) - len(suffix)]
+    whole = len(d_words) == 1
+    return (
+        own_words[: len(prefix)] == prefix
+        and own_words[len(own_words) - len(suffix) :] == suffix
+        and bool(middle)
+        and d_words[place] in (_WHOLE_D if whole else _D_WORDS)
+        and k_words[place] in (_WHOLE_K if whole else _K_WORDS)
+        and not any(word in _D_WORDS | _K_WORDS | _METADATA for word in middle)
+        and not any(word in _METADATA for word in own_words)
+    )
