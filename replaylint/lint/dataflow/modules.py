@@ -253,25 +253,30 @@ def _instance_of(
 
 def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
     """The first floating gate buffer ``cls``'s own methods register."""
-    stack: list[tuple[cst.CSTNode, Site]] = [(cls.body, Site((prov.index.module, cls), None))]
+    start = Site((prov.index.module, cls), None)
+    stack: list[tuple[cst.CSTNode, Site, cst.For | None]] = [(cls.body, start, None)]
     while stack:
-        node, site = stack.pop()
+        node, site, loop = stack.pop()
         if isinstance(node, cst.ClassDef):
             continue
         if isinstance(node, cst.FunctionDef):  # its locals decide what the buffer is made of
             site = Site((*site.scopes, node), None)
         elif isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             site = Site(site.scopes, node)
+        if isinstance(node, cst.For):
+            loop = node
         if isinstance(node, cst.Call) and method_name(node) == "register_buffer":
             args = positional_args(node)
-            key = static_name(args[0].value) if args else None
+            key = _buffer_name(prov, args[0].value, site, loop) if args else None
             if (
                 key is not None
                 and prov.index.gate_caches.matches(key)
                 and len(args) >= 2
                 and _floating(prov, site, args[1].value)
             ):
-                if isinstance(args[0].value, cst.FormattedString):  # named as written
+                if isinstance(args[0].value, cst.FormattedString) and key == static_name(
+                    args[0].value
+                ):  # not told by a loop over names: named as written
                     key = prov.index.module.code_for_node(args[0].value)
                 return GateBuffer(cls, key, node)
         if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
@@ -289,8 +294,21 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                     and _floating(prov, site, args[0].value)
                 ):
                     return GateBuffer(cls, name, node)
-        stack.extend((child, site) for child in reversed(syntax_children(node)))
+        stack.extend((child, site, loop) for child in reversed(syntax_children(node)))
     return None
+
+
+def _buffer_name(
+    prov: Provenance, written: cst.BaseExpression, site: Site, loop: cst.For | None
+) -> str | None:
+    """The name a buffer is registered under; for ``f"static_{name}"`` in a loop over names, the
+    one of its iterations that names a gate cache (else the first)."""
+    key = static_name(written)
+    if key is not None and prov.index.gate_caches.matches(key) or loop is None:
+        return key
+    iterations = prov.iterations(loop.target, loop.iter, site)
+    names = [prov.string_value(written, site, env) for env in iterations or ()]
+    return next((n for n in names if n and prov.index.gate_caches.matches(n)), key)
 
 
 def _floating(prov: Provenance, site: Site, value: cst.BaseExpression) -> bool:

@@ -50,9 +50,11 @@ class ImportedGateBuffer:
 def registers_gate_buffer(text: str, matches: Matches) -> bool:
     """Whether ``text`` registers a buffer under a gate-cache name (an f-string name as if its
     fields were numbers): the cheap question before any class is walked or summarised."""
+    # a field may also be the ring's own name (`f"static_{name}"` over the ring names)
     return any(
-        matches(re.sub(r"\{[^}]*\}", "0", found.group("registered") or found.group("assigned")))
+        matches(re.sub(r"\{[^}]*\}", field, found.group("registered") or found.group("assigned")))
         for found in _REGISTERED.finditer(text)
+        for field in ("0", "g_cache")
     )
 
 
