@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
-from replaylint.lint.syntax.nodes import binding_name
+from replaylint.lint.syntax.nodes import binding_name, read_names
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -72,3 +72,15 @@ def named_gate_dtype(
     if not literals or None in literals or not narrower or not literals <= _FLOATING:
         return None
     return name, narrower
+
+
+def looked_up_by(fact: TensorFact, target: cst.BaseExpression) -> bool:
+    """Whether every dtype of ``fact`` is looked up by a variable of the loop target ``target``
+    (``dtypes[name]`` in ``for name, buf in ...``): each cache gets its own table entry, not one
+    dtype shared by all."""
+    variables = {name.value for name in read_names(target)}
+    return bool(fact.dtypes) and all(
+        isinstance(d.node, cst.Subscript)
+        and any(name.value in variables for name in read_names(d.node.slice[0].slice))
+        for d in fact.dtypes
+    )

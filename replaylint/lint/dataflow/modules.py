@@ -304,7 +304,7 @@ def _buffer_name(
     """The name a buffer is registered under; for ``f"static_{name}"`` in a loop over names, the
     one of its iterations that names a gate cache (else the first)."""
     key = static_name(written)
-    if key is not None and prov.index.gate_caches.matches(key) or loop is None:
+    if (key is not None and prov.index.gate_caches.matches(key)) or loop is None:
         return key
     iterations = prov.iterations(loop.target, loop.iter, site)
     names = [prov.string_value(written, site, env) for env in iterations or ()]

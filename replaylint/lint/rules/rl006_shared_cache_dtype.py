@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import all_params
@@ -321,7 +322,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             variable = _condition_variable(key, [env for _, env in gate_envs])
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):
-                    if fact.kind in _REPORTED:
+                    if fact.kind in _REPORTED and not looked_up_by(fact, loop.target):
                         subject = named_gate_cache(self.context.gate_caches, name)
                         self._report_loop(fact, subject, loop, variable, gate_envs)
             return
