@@ -3,9 +3,10 @@
 The corpus in ``benchmarks/accuracy/`` holds small packages in six styles (vLLM, transformers,
 mamba_ssm, flash-linear-attention, TensorRT-LLM, sglang), in two halves with the same mix of
 bugs: ``dev/`` (may be read to improve the linter) and ``heldout/`` (never tuned on; reported
-separately as the estimate of how the linter generalises). A third part, ``fresh/``, holds
-packages in six further projects' styles, written by authors who had not read the linter; its
-first measurement is a second unseen estimate, after which it is read like ``dev/``. Each part
+separately as the estimate of how the linter generalises). Two more parts, ``fresh/`` and
+``fresh2/``, hold packages in six further projects' styles each, written by authors who had not
+read the linter; the first measurement of each is another unseen estimate, after which it is read
+like ``dev/``. Each part
 has a ``registry.json``.
 
 Labels are trailing comments on the buggy statements::
@@ -37,7 +38,7 @@ For each half this script:
 
 Usage::
 
-    python benchmarks/lint_accuracy.py [--half dev|heldout|fresh|all] [--json OUT] [--details]
+    python benchmarks/lint_accuracy.py [--half dev|heldout|fresh|fresh2|all] [--json OUT] [--details]
     python benchmarks/lint_accuracy.py --half PART --corpus-only   # check a part without linting
 
 Exit status: 0, or 1 when the corpus itself is inconsistent (a registry entry whose observed
@@ -67,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout", "fresh")
+HALVES = ("dev", "heldout", "fresh", "fresh2")
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",

@@ -223,7 +223,7 @@ def test_corpus_labels_parse_and_each_bug_has_one_category(half: str) -> None:
     assert all(len(names) == 1 for names in categories.values()), categories
 
 
-def test_the_halves_have_the_same_mix_and_the_fresh_part_the_same_categories() -> None:
+def test_the_halves_have_the_same_mix_and_the_fresh_parts_the_same_categories() -> None:
     def mix(half: str) -> collections.Counter[tuple[str, str]]:
         styles = {name: pkg["style"] for name, pkg in _registry(half)["packages"].items()}
         bugs = {label.bug: label for label in _half_labels(half)}
@@ -233,7 +233,8 @@ def test_the_halves_have_the_same_mix_and_the_fresh_part_the_same_categories() -
 
     assert mix("dev") == mix("heldout")
     categories = collections.Counter(category for _, category in mix("dev").elements())
-    assert categories == collections.Counter(category for _, category in mix("fresh").elements())
+    for part in ("fresh", "fresh2"):
+        assert categories == collections.Counter(category for _, category in mix(part).elements())
 
 
 def test_the_linted_copy_carries_no_label(tmp_path: Path) -> None:

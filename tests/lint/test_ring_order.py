@@ -1,0 +1,170 @@
+"""The gate ring by its place after the d and k rings (``gatecache/ring_order.py``), and other
+ways a ring or a buffer is recognised without its name: buffers registered in a loop over ring
+names, cast overrides that put saved buffers back, ``torch.tensor(data)``, dtype tables looked up
+by a loop's cache name."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+from project_support import lint_in_project
+
+from replaylint.lint.config.settings import Settings
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.learning import learn_gate_cache_names
+from replaylint.lint.gatecache.ring_order import gate_rings_by_order
+
+
+def _ordered(source: str) -> list[str]:
+    tree = ast.parse(textwrap.dedent(source))
+    return sorted({name for name, _ in gate_rings_by_order(tree, "m.py")})
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("self.d_states, self.k_states, self.decay_states = [], [], []", ["decay_states"]),
+        ("return self.temp_d, self.temp_k, temp_decay", ["temp_decay"]),
+        ('RINGS = ("cache_state", "cache_delta", "cache_key", "cache_gate")', ["cache_gate"]),
+        ("chunk = Chunk(state, d_ring, k_ring, log_gate_ring, 0)", ["log_gate_ring"]),
+        ("rows = [delta[i], key[i], alpha[i]]", ["alpha"]),
+        ("state, ring_d, ring_k, ring_g = pool.rings(layer)", ["ring_g"]),
+        # not a family: other words differ, metadata, generic third names, one-letter words alone
+        ("dims = (d_model, k_dim, heads)", []),
+        ("shapes = (d_shape, k_shape, g_shape)", []),
+        ("x = (d_ring, k_ring, v_ring)", []),
+        ("q, k, v = qkv.split(3)", []),
+        ("rows = (d, k, g)", []),
+        ("rows = (d, k, decay)", []),
+    ],
+)
+def test_the_third_ring_of_a_family_is_the_gate_ring(source: str, expected: list[str]) -> None:
+    assert _ordered(source) == expected
+
+
+def test_learning_takes_the_ring_written_in_the_gate_place() -> None:
+    source = textwrap.dedent(
+        """
+        def decode(cache, x):
+            state, ring_d, ring_k, ring_g = cache.nc_state, cache.nc_d, cache.nc_k, cache.nc_decay
+            fused_recurrent_kda_replayssm_decode(x, *range(5), state, ring_d, ring_k, ring_g)
+        """
+    )
+    learned = learn_gate_cache_names([("m.py", source)], Settings().entry_points)
+    assert {"ring_g", "nc_decay"} <= set(learned)
+    assert "in the place of the gate ring" in learned["nc_decay"].reason
+
+
+def test_a_ring_known_by_its_place_is_checked() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+
+        class Cache:
+            def __init__(self, n):
+                self.d_states, self.k_states, self.decay_states = [], [], []
+                for _ in range(n):
+                    self.decay_states.append(torch.zeros_like(self.d_states[-1]))
+
+        def decode(cache, x, i):
+            fused_recurrent_kda_replayssm_decode(
+                x, *range(5), cache.d_states[i], cache.k_states[i], cache.decay_states[i]
+            )
+        """
+    )
+    linter = Linter()
+    linter.learn([("m.py", source)])  # the first pass of a run
+    findings = linter.check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(8, "RL003")]
+
+
+def test_a_buffer_registered_in_a_loop_over_ring_names_is_a_gate_buffer() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+
+        class Runner(nn.Module):
+            def __init__(self, replay, n):
+                super().__init__()
+                for name in ("state", "d_cache", "k_cache", "g_cache"):
+                    self.register_buffer(f"static_{name}", getattr(replay, name).clone())
+
+        def capture(model, replay):
+            return Runner(replay, 4).to(model.dtype)
+        """
+    )
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(12, "RL004")]
+    assert "`static_g_cache`" in findings[0].message
+
+
+_KEEPING = """
+import torch
+from torch import nn
+
+class Buffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        kept = {"g_cache": self._buffers["g_cache"]}
+        super()._apply(fn, recurse)
+        for name, buffer in kept.items():
+            self._buffers[name] = buffer.to(device=self._buffers[name].device)
+        return self
+"""
+
+
+def test_an_override_that_puts_saved_buffers_back_keeps_them(tmp_path: Path) -> None:
+    local = textwrap.dedent(_KEEPING) + "\n\nmodel = Buffers().to(torch.bfloat16)\n"
+    assert Linter().check(local, "m.py") == []
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/buffers.py": _KEEPING,
+        "pkg/serve.py": "import torch\nfrom .buffers import Buffers\n\nmodel = Buffers().half()\n",
+    }
+    assert lint_in_project(tmp_path, files, "pkg/serve.py") == []
+    # without the override the cast is reported, in the module and across modules
+    plain = _KEEPING.split("    def _apply")[0]
+    files["pkg/buffers.py"] = plain
+    assert [f.code for f in lint_in_project(tmp_path, files, "pkg/serve.py")] == ["RL004"]
+
+
+def test_torch_tensor_of_data_takes_the_datas_dtype() -> None:
+    source = textwrap.dedent(
+        """
+        import numpy as np
+        import torch
+
+        class Pool:
+            def __init__(self, path, n):
+                # a numpy array keeps its dtype; a Python list takes the default dtype
+                self.g_cache = torch.tensor(np.load(path)).float()
+                self.replayssm_g = torch.tensor([0.0] * n)
+        """
+    )
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(9, "RL003")]
+
+
+def test_a_dtype_looked_up_by_the_cache_name_is_not_shared() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def host_copies(d, g, dtypes):
+            rings = {"d_cache": d, "g_cache": g}
+            return {name: torch.zeros_like(buf, dtype=dtypes[name]) for name, buf in rings.items()}
+
+        def same_dtype(d, g, dtype):
+            rings = {"d_cache": d, "g_cache": g}
+            return {name: torch.zeros_like(buf, dtype=dtype) for name, buf in rings.items()}
+        """
+    )
+    rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
+    assert rows == [(10, "RL006")]
