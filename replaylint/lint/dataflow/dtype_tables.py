@@ -75,12 +75,13 @@ def named_gate_dtype(
 
 
 def looked_up_by(fact: TensorFact, target: cst.BaseExpression) -> bool:
-    """Whether every dtype of ``fact`` is looked up by a variable of the loop target ``target``
-    (``dtypes[name]`` in ``for name, buf in ...``): each cache gets its own table entry, not one
-    dtype shared by all."""
+    """Whether every dtype of ``fact`` is an unknown entry looked up by a variable of the loop
+    target ``target`` (``dtypes[name]`` in ``for name, buf in ...``): each cache gets its own
+    table entry, not one dtype shared by all (an entry the analysis reads is judged as it is)."""
     variables = {name.value for name in read_names(target)}
     return bool(fact.dtypes) and all(
-        isinstance(d.node, cst.Subscript)
+        d.dtype is None
+        and isinstance(d.node, cst.Subscript)
         and any(name.value in variables for name in read_names(d.node.slice[0].slice))
         for d in fact.dtypes
     )
