@@ -6,7 +6,8 @@ bugs: ``dev/`` (may be read to improve the linter) and ``heldout/`` (never tuned
 separately as the estimate of how the linter generalises). Two more parts, ``fresh/`` and
 ``fresh2/``, hold packages in six further projects' styles each, written by authors who had not
 read the linter; the first measurement of each is another unseen estimate, after which it is read
-like ``dev/``. Each part
+like ``dev/``. ``fresh3/`` (two packages, 17 bugs) is written the same way and, like ``heldout/``,
+is not read. Each part
 has a ``registry.json``.
 
 Labels are trailing comments on the buggy statements::
@@ -38,7 +39,7 @@ For each half this script:
 
 Usage::
 
-    python benchmarks/lint_accuracy.py [--half dev|heldout|fresh|fresh2|all] [--json OUT] [--details]
+    python benchmarks/lint_accuracy.py [--half PART|all] [--json OUT] [--details]
     python benchmarks/lint_accuracy.py --half PART --corpus-only   # check a part without linting
 
 Exit status: 0, or 1 when the corpus itself is inconsistent (a registry entry whose observed
@@ -68,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout", "fresh", "fresh2")
+HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3")
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",

@@ -1,0 +1,1 @@
+"""mistral-inference for hybrid models with Kimi Delta Attention layers."""

@@ -1,0 +1,1 @@
+"""Kernel bindings (``mistral_kda.ops.kda``)."""
