@@ -168,3 +168,46 @@ def test_a_dtype_looked_up_by_the_cache_name_is_not_shared() -> None:
     )
     rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
     assert rows == [(10, "RL006")]
+
+
+def test_a_getter_of_another_module_teaches_the_ring_it_returns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replaylint.cli import main
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "pkg" / "cache.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Cache:
+                def __init__(self, layers, shape, dtype):
+                    self.store, self.deltas, self.decays = [], [], []
+                    for _ in range(layers):
+                        self.deltas.append(torch.zeros(shape, dtype=dtype))
+                        self.decays.append(torch.zeros_like(self.deltas[-1]))
+
+                def rings(self, layer):
+                    return self.store[layer], self.deltas[layer], self.decays[layer]
+            """
+        ),
+        encoding="utf-8",
+    )
+    (tmp_path / "pkg" / "layer.py").write_text(
+        textwrap.dedent(
+            """
+            def decode(cache, x, layer):
+                state, ring_d, ring_g = cache.rings(layer)
+                fused_recurrent_kda_replayssm_decode(x, *range(5), state, ring_d, x, g_cache=ring_g)
+            """
+        ),
+        encoding="utf-8",
+    )
+    assert (
+        main(["check", "--isolated", "--no-cache", "--output-format", "concise", str(tmp_path)])
+        == 1
+    )
+    out = capsys.readouterr().out
+    assert "cache.py:9:" in out and "RL003" in out

@@ -1,0 +1,101 @@
+"""Gate rings a decode path takes from a getter of another module: ``d, k, g = cache.rings(i)``.
+
+When the name unpacked in the gate ring's place is a gate cache (learned from the decode call
+that takes it), what the getter returns in that place is the gate ring too, under the names its
+own module uses (``return self.d_states[i], self.k_states[i], self.decay_states[i]``). Such a
+module need not name a gate cache anywhere, so the first pass never read it: this stage finds the
+getters in the files that taught names, reads the files that define them, and learns the names
+they return in the gate ring's place (and the rings those files write in the gate ring's place,
+:mod:`replaylint.lint.gatecache.ring_order`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from replaylint.lint.gatecache.grep import files_containing
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.ring_order import gate_rings_by_order
+
+# `a, b, g = obj.method(...)` (three or four targets), captured: the targets and the method
+_UNPACKED_CALL = re.compile(
+    r"^[ \t]*((?:[A-Za-z_]\w*[ \t]*,[ \t]*){2,3}[A-Za-z_]\w*)[ \t]*=[ \t]*[\w.]+\.(\w+)\(",
+    re.MULTILINE,
+)
+_GENERIC = frozenset({"g", "gate", "x", "out", "value", "data", "tmp", "state", "states"})
+
+
+def ring_getters(texts: Sequence[str], names: GateCacheNames) -> dict[str, tuple[int, int]]:
+    """Method name -> (place of the gate ring, number of targets) for every unpacking of a
+    method's result in ``texts`` whose target in some place is a gate cache."""
+    getters: dict[str, tuple[int, int]] = {}
+    for text in texts:
+        for found in _UNPACKED_CALL.finditer(text):
+            targets = [t.strip() for t in found.group(1).split(",")]
+            places = [i for i, t in enumerate(targets) if names.matches(t)]
+            if len(places) == 1 and not found.group(2).startswith("__"):
+                getters.setdefault(found.group(2), (places[0], len(targets)))
+    return getters
+
+
+def names_from_getters(
+    paths: Sequence[str],
+    getters: dict[str, tuple[int, int]],
+    read: Callable[[str], str | None],
+    jobs: int,
+) -> dict[str, LearnedFrom]:
+    """What the project's definitions of ``getters`` return in the gate ring's place, and the
+    rings their files write in it."""
+    defining = files_containing(paths, [f"def {name}(".encode() for name in getters], jobs)
+    learned: dict[str, LearnedFrom] = {}
+    for path in sorted(defining):
+        text = read(path)
+        if text is None:
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in getters:
+                place, count = getters[node.name]
+                for name, row in _returned_at(node, place, count):
+                    reason = f"returned by `{node.name}` in the gate ring's place"
+                    learned.setdefault(name, LearnedFrom(path, row, "", reason))
+        for name, origin in gate_rings_by_order(tree, path):
+            learned.setdefault(name, origin)
+    return {
+        name: origin
+        for name, origin in learned.items()
+        if name.lower() not in _GENERIC and len(name) > 2
+    }
+
+
+def _returned_at(function: ast.FunctionDef, place: int, count: int) -> list[tuple[str, int]]:
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+            elements = node.value.elts
+            if len(elements) == count and (name := _written(elements[place])) is not None:
+                found.append((name, node.lineno))
+    return found
+
+
+def _written(expr: ast.expr) -> str | None:
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return None
+
+
+def read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
