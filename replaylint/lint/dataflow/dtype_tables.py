@@ -79,9 +79,19 @@ def looked_up_by(fact: TensorFact, target: cst.BaseExpression) -> bool:
     target ``target`` (``dtypes[name]`` in ``for name, buf in ...``): each cache gets its own
     table entry, not one dtype shared by all (an entry the analysis reads is judged as it is)."""
     variables = {name.value for name in read_names(target)}
-    return bool(fact.dtypes) and all(
-        d.dtype is None
-        and isinstance(d.node, cst.Subscript)
-        and any(name.value in variables for name in read_names(d.node.slice[0].slice))
-        for d in fact.dtypes
-    )
+
+    def keyed(node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Subscript):
+            key: cst.CSTNode = node.slice[0].slice
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "get"
+            and node.args
+        ):
+            key = node.args[0].value  # `dtypes.get(name, default)`
+        else:
+            return False
+        return any(name.value in variables for name in read_names(key))
+
+    return bool(fact.dtypes) and all(d.dtype is None and keyed(d.node) for d in fact.dtypes)

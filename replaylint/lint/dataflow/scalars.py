@@ -129,8 +129,8 @@ def _one_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
     """Whether the argument of ``torch.tensor(...)`` is one number, not a sequence."""
     if isinstance(expr, _SEQUENCES):
         return False
-    if isinstance(expr, cst.Attribute):
-        return True  # `torch.tensor(config.gate_logit_normalizer)`
+    if isinstance(expr, (cst.Attribute, cst.Subscript)):
+        return True  # `torch.tensor(config.gate_logit_normalizer)`, `torch.tensor(header["base"])`
     return is_scalar(prov, expr, site, env)
 
 

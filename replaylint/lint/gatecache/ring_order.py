@@ -15,9 +15,10 @@ generic to mean the gate ring (``g``, ``x``) are never taken.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator, Sequence
 
-from replaylint.lint.gatecache.names import LearnedFrom
+from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 
 _D_WORDS = frozenset({"d", "delta", "deltas"})
 _K_WORDS = frozenset({"k", "key", "keys"})
@@ -30,6 +31,26 @@ _METADATA = frozenset(
     | {"heads", "model", "v", "value", "values", "q", "query"}
 )
 _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
+# a name with a d-ring word, a comma, a name with a k-ring word: the text of a row of rings
+_ROW = re.compile(rb"(?:\bd|_d|delta)\w*[\"']?\s*,\s*[\w.]*?(?:\bk|_k|key)", re.IGNORECASE)
+
+
+def may_list_rings(raw: bytes) -> bool:
+    """Whether ``raw`` may write a row of rings (cheap: parse only the files that may)."""
+    return _ROW.search(raw) is not None
+
+
+def rings_by_order_in(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
+    """The gate rings ``text`` names by their place (not ones ``known`` matches already)."""
+    try:
+        tree = ast.parse(text, filename=filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    learned: dict[str, LearnedFrom] = {}
+    for name, origin in gate_rings_by_order(tree, filename):
+        if not known.matches(name):
+            learned.setdefault(name, origin)
+    return learned
 
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:

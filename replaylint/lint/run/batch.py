@@ -31,6 +31,7 @@ from replaylint.lint.gatecache.learning import (
 )
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
+from replaylint.lint.gatecache.ring_order import may_list_rings, rings_by_order_in
 from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
@@ -88,17 +89,26 @@ def _regular_file(path: str) -> tuple[int, int, int] | None:
     return status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
-def _learn(settings: Settings, filename: str, raw: bytes) -> _Learned:
+def _learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> _Learned:
+    """What ``raw`` teaches: decode calls and keywords, and (in a file that passed the pre-filter,
+    when it lists rings in a row) the ring in the gate ring's place."""
     # As in a whole-run learning pass: names the patterns already match need no teaching.
     base = GateCacheNames(settings.gate_cache_patterns)
     needles = learning_needles(settings.entry_points, base)
     if needles is not None and not any(needle.encode() in raw for needle in needles):
-        return ()
-    try:
-        text, _ = decode_source(raw)
-    except FileProblem:
-        return ()
-    learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
+        if not (relevant and may_list_rings(raw)):
+            return ()
+        try:
+            text, _ = decode_source(raw)
+        except FileProblem:
+            return ()
+        learned = rings_by_order_in(text, filename, base)
+    else:
+        try:
+            text, _ = decode_source(raw)
+        except FileProblem:
+            return ()
+        learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
     return tuple((name, origin.row, origin.function) for name, origin in learned.items())
 
 
@@ -155,7 +165,7 @@ class _Scanner:
         stage_one, candidate = _classify(self.relevance, raw)
         return _Scanned(
             digest=content,
-            learned=None if same else _learn(self.settings, path, raw),
+            learned=None if same else _learn(self.settings, path, raw, stage_one),
             stage_one=stage_one,
             candidate=candidate,
         )
@@ -563,7 +573,9 @@ def _remember(
         return
     key = info.key if info is not None else os.path.join(os.getcwd(), name)
     if raw is not None:  # fixed (or not seen before): describe the new content
-        content, learned = digest(raw), _learn(settings, name, raw)
+        base = Relevance(GateCacheNames(settings.gate_cache_patterns), settings.entry_points)
+        learned = _learn(settings, name, raw, base.may_hold_finding_raw(raw))
+        content = digest(raw)
     else:
         assert info is not None
         if (info.size, info.mtime_ns, info.ctime_ns) != (
