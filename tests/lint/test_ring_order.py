@@ -210,4 +210,5 @@ def test_a_getter_of_another_module_teaches_the_ring_it_returns(
         == 1
     )
     out = capsys.readouterr().out
-    assert "cache.py:9:" in out and "RL003" in out
+    assert "cache.py:9:" in out
+    assert "RL003" in out

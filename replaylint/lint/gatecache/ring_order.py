@@ -32,7 +32,12 @@ _METADATA = frozenset(
 )
 _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
 # a name with a d-ring word, a comma, a name with a k-ring word: the text of a row of rings
-_ROW = re.compile(rb"(?:\bd|_d|delta)\w*[\"']?\s*,\s*[\w.]*?(?:\bk|_k|key)", re.IGNORECASE)
+_ROW = re.compile(
+    rb"(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
+    rb"(?:[A-Za-z_]\w*\.)?"
+    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
 
 
 def may_list_rings(raw: bytes) -> bool:
