@@ -109,7 +109,21 @@ def _learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> _Le
         except FileProblem:
             return ()
         learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
-    return tuple((name, origin.row, origin.function) for name, origin in learned.items())
+    return tuple((name, origin.row, _taught_by(origin)) for name, origin in learned.items())
+
+
+# what taught a name, in one string: the entry-point call, or why (a ring's place, a getter)
+_REASON = "reason: "
+
+
+def _taught_by(origin: LearnedFrom) -> str:
+    return f"{_REASON}{origin.reason}" if origin.reason else origin.function
+
+
+def _origin(path: str, row: int, taught_by: str) -> LearnedFrom:
+    if taught_by.startswith(_REASON):
+        return LearnedFrom(path, row, "", taught_by.removeprefix(_REASON))
+    return LearnedFrom(path, row, taught_by)
 
 
 def _classify(relevance: Relevance, raw: bytes) -> tuple[bool, bool]:
@@ -195,7 +209,7 @@ def _apply(info: _File, scanned: _Scanned | None) -> bool:
 
 def _learned_key(names: GateCacheNames) -> str:
     learned = sorted(
-        (name, origin.filename, origin.row, origin.function)
+        (name, origin.filename, origin.row, _taught_by(origin))
         for name, origin in names.learned.items()
     )
     return hashlib.blake2b(repr(learned).encode(), digest_size=12).hexdigest()
@@ -406,7 +420,7 @@ def _merge_learned(
         info = known.get(item.path)
         for name, row, function in info.learned if info is not None else ():
             if name not in merged and not names.matches(name):
-                merged[name] = LearnedFrom(str(item.path), row, function)
+                merged[name] = _origin(str(item.path), row, function)
     return merged
 
 
