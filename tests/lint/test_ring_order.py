@@ -212,3 +212,22 @@ def test_a_getter_of_another_module_teaches_the_ring_it_returns(
     out = capsys.readouterr().out
     assert "cache.py:9:" in out
     assert "RL003" in out
+
+
+def test_rings_appended_by_name_in_a_loop_over_zipped_names_share_one_dtype() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+
+        class Cache:
+            def __init__(self, layers, dtype):
+                self.d_cache, self.k_cache, self.g_cache = [], [], []
+                rings = dict(zip(("d_cache", "k_cache", "g_cache"), self.shapes()))
+                for _ in range(layers):
+                    for attr, shape in rings.items():
+                        getattr(self, attr).append(torch.zeros(shape, dtype=dtype))
+        """
+    )
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(10, "RL006")]
+    assert "a loop over `rings.items()`" in findings[0].message

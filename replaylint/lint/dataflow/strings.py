@@ -259,7 +259,9 @@ def _literal_items(
             if not found or len(found) != 1:
                 return None
             mapping, mapping_site = found[0][0].value, found[0][1]
-        elif isinstance(mapping, cst.Call):
+        if isinstance(mapping, cst.Call) and _zipped_dict(mapping):
+            return _zipped_items(prov, mapping, mapping_site, method, depth)
+        if isinstance(mapping, cst.Call):
             returned = _returned_literal(prov, mapping, site)
             mapping, mapping_site = returned if returned is not None else (None, site)
         if not isinstance(mapping, cst.Dict):
@@ -273,6 +275,41 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _zipped_items(
+    prov: Provenance, mapping: cst.Call, site: Site, method: str, depth: int
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """``dict(zip(NAMES, shapes)).items()``: the names are the keys (a value that is not a
+    literal is left unknown)."""
+    zipped = mapping.args[0].value
+    assert isinstance(zipped, cst.Call)
+    keys = _literal_items(prov, zipped.args[0].value, site, depth + 1)
+    values = _literal_items(prov, zipped.args[1].value, site, depth + 1)
+    if keys is None or method == "values":
+        return None
+    if method == "keys":
+        return keys
+    if values is None or len(values) != len(keys):
+        values = [(cst.Name("_"), site) for _ in keys]
+    return [
+        (_pair(key, value), key_site)
+        for (key, key_site), (value, _) in zip(keys, values, strict=True)
+    ]
+
+
+def _zipped_dict(call: cst.Call) -> bool:
+    """``dict(zip(keys, values))``."""
+    inner = call.args[0].value if len(call.args) == 1 else None
+    return (
+        isinstance(call.func, cst.Name)
+        and call.func.value == "dict"
+        and isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Name)
+        and inner.func.value == "zip"
+        and len(inner.args) == 2
+        and not any(arg.star or arg.keyword for arg in inner.args)
+    )
 
 
 def _returned_literal(

@@ -20,10 +20,11 @@ from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, named_gate_cache
+from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
 from replaylint.lint.syntax.nodes import (
     binding_name,
     comprehension_in,
+    getattr_name,
     keyword_arg,
     method_name,
     one_line,
@@ -259,6 +260,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 self._keyed(positional[1].value, positional[2].value, self._loops)
         elif method == "register_buffer" and len(positional) >= 2:
             self._keyed(positional[0].value, positional[1].value, self._loops)
+        elif method == "append" and len(positional) == 1 and (name := getattr_name(node)):
+            self._keyed(name, positional[0].value, self._loops)  # one list per ring name
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -344,9 +347,9 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         if variable is not None:
             values = sorted({str(env[variable]) for _, env in gate_envs})
             condition = (
-                f"{variable} == {_quote(values[0])}"
+                f"{variable} == {quoted(values[0])}"
                 if len(values) == 1
-                else f"{variable} in ({', '.join(_quote(v) for v in values)})"
+                else f"{variable} in ({', '.join(quoted(v) for v in values)})"
             )
         self.report(
             fact.node,
@@ -579,10 +582,6 @@ def _uses(helper: cst.FunctionDef, name: str) -> int:
 
 def _parameters(dtypes: Sequence[DtypeFact]) -> list[str]:
     return [d.parameter for d in dtypes if d.parameter is not None]
-
-
-def _quote(value: str) -> str:
-    return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)
 
 
 def _what(fact: TensorFact) -> str:

@@ -182,3 +182,8 @@ def imported_cast_message(
         f"(registered at {where}){held} to {_cast_target(dtypes)} with every other floating "
         f"buffer of `{buffer.cls}`; {WHY}; {_guard_advice(buffer.cls)}"
     )
+
+
+def quoted(value: str) -> str:
+    """``value`` as a Python string literal, double-quoted where it can be."""
+    return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)

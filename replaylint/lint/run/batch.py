@@ -36,6 +36,7 @@ from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
+from replaylint.lint.run.getters import learned_from_getters
 from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_file
 from replaylint.lint.run.workers import can_fork, in_workers, worker_state
@@ -424,28 +425,6 @@ def _merge_learned(
     return merged
 
 
-def _learned_from_getters(
-    items: Sequence[Discovered],
-    known: dict[Path, _File],
-    names: GateCacheNames,
-    merged: dict[str, LearnedFrom],
-    jobs: int,
-) -> dict[str, LearnedFrom]:
-    """Names returned by the getters the teaching files unpack rings from (:mod:`.getters`)."""
-    if not merged:
-        return {}
-    from replaylint.lint.run.getters import names_from_getters, read_text, ring_getters
-
-    taught = {origin.filename for origin in merged.values()}
-    texts = [t for path in sorted(taught) if (t := read_text(path)) is not None]
-    getters = ring_getters(texts, names.with_learned(merged))
-    if not getters:
-        return {}
-    paths = [str(item.path) for item in items if item.path in known]
-    found = names_from_getters(paths, getters, read_text, jobs)
-    return {n: o for n, o in found.items() if n not in merged and not names.matches(n)}
-
-
 def lint_many(
     settings: Settings,
     items: Sequence[Discovered],
@@ -478,7 +457,8 @@ def lint_many(
             del known[info.item.path]  # unreadable: the analysis reports it
 
     merged = _merge_learned(teachers, known, names)
-    merged.update(_learned_from_getters(teachers, known, names, merged, jobs))
+    readable = [str(item.path) for item in teachers if item.path in known]
+    merged.update(learned_from_getters(readable, names, merged, jobs))
     if merged:
         names = names.with_learned(merged)
         scanner.relevance = Relevance(names, settings.entry_points)

@@ -28,6 +28,22 @@ _UNPACKED_CALL = re.compile(
 _GENERIC = frozenset({"g", "gate", "x", "out", "value", "data", "tmp", "state", "states"})
 
 
+def learned_from_getters(
+    paths: Sequence[str], names: GateCacheNames, merged: dict[str, LearnedFrom], jobs: int
+) -> dict[str, LearnedFrom]:
+    """Names the getters return that the files which taught ``merged`` unpack rings from; not
+    ones already known. ``paths`` are the run's readable files."""
+    if not merged:
+        return {}
+    taught = {origin.filename for origin in merged.values()}
+    texts = [text for path in sorted(taught) if (text := read_text(path)) is not None]
+    getters = ring_getters(texts, names.with_learned(merged))
+    if not getters:
+        return {}
+    found = names_from_getters(paths, getters, read_text, jobs)
+    return {n: o for n, o in found.items() if n not in merged and not names.matches(n)}
+
+
 def ring_getters(texts: Sequence[str], names: GateCacheNames) -> dict[str, tuple[int, int]]:
     """Method name -> (place of the gate ring, number of targets) for every unpacking of a
     method's result in ``texts`` whose target in some place is a gate cache."""

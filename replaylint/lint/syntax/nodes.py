@@ -143,3 +143,16 @@ def record_fields(cls: cst.ClassDef) -> list[tuple[str, cst.BaseExpression | Non
 
 def _callee(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node
+
+
+def getattr_name(call: cst.Call) -> cst.BaseExpression | None:
+    """``name`` in ``getattr(obj, name).method(...)``."""
+    held = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if (
+        isinstance(held, cst.Call)
+        and isinstance(held.func, cst.Name)
+        and held.func.value == "getattr"
+        and len(held.args) == 2
+    ):
+        return held.args[1].value
+    return None
