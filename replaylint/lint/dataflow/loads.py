@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.allocations import literal_dtype, method_receiver
 from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact, all_not_floating
+from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.dataflow.torch_api import (
     CHECKPOINT_SUFFIXES,
@@ -153,7 +156,7 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
         receiver = method_receiver(prov.index, expr)
         if method in {"get", "pop"} and receiver is not None:
             return is_loaded(prov, receiver, site, env)
-        return _project_loader(prov, expr, site, env)
+        return _module_loader(prov, expr, site) or _project_loader(prov, expr, site, env)
     if isinstance(expr, cst.Subscript):
         return is_loaded(prov, expr.value, site, env)
     if isinstance(expr, cst.Attribute):
@@ -166,7 +169,9 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
             if not found:
                 return checkpoint_name(expr.value)
             for binding, binding_site in found:
-                if binding.kind == "param" and checkpoint_name(binding.name):
+                if binding.kind == "param" and (
+                    checkpoint_name(binding.name) or _passed_a_load(prov, binding)
+                ):
                     return True
                 if binding.value is not None and is_loaded(prov, binding.value, binding_site, env):
                     return True
@@ -177,6 +182,26 @@ def is_loaded(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env =
         finally:
             prov.leave()
     return False
+
+
+def _passed_a_load(prov: Provenance, binding: Binding) -> bool:
+    """Whether a call of the module passes a checkpoint for the parameter ``binding``."""
+    values = callers.passed_values(prov, binding)
+    return any(is_loaded(prov, value, where) for value, where in values or ())
+
+
+def _module_loader(prov: Provenance, call: cst.Call, site: Site) -> bool:
+    """``load_reference(path)`` with ``load_reference`` a function of the module that returns
+    what it reads (``return torch.load(path, mmap=True)``)."""
+    found = called_function(prov.index, prov, call, site)
+    if found is None:
+        return False
+    function, scopes, _ = found
+    returns = prov.index.scope(function).returns
+    return bool(returns) and all(
+        r.value is not None and is_loaded(prov, r.value, Site(scopes, statement))
+        for r, statement in returns
+    )
 
 
 def _project_loader(prov: Provenance, call: cst.Call, site: Site, env: Env) -> bool:
