@@ -62,7 +62,7 @@ def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, Lea
     """The names ``tree`` writes right after a d ring and a k ring of the same family."""
     for node in ast.walk(tree):
         for row in _rows(node):
-            names = [_written(element) for element in row]
+            names = [written_name(element) for element in row]
             for first, second, third in zip(names, names[1:], names[2:], strict=False):
                 if first and second and third and _third_of_family(first, second, third):
                     reason = (
@@ -78,7 +78,7 @@ def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
         yield node.args
 
 
-def _written(expr: ast.expr) -> str | None:
+def written_name(expr: ast.expr) -> str | None:
     """``ring`` for ``ring``, ``self.ring``, ``self.ring[i]``, ``"ring"``."""
     while isinstance(expr, ast.Subscript):
         expr = expr.value

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from replaylint.lint.gatecache.grep import files_containing
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
-from replaylint.lint.gatecache.ring_order import gate_rings_by_order
+from replaylint.lint.gatecache.ring_order import gate_rings_by_order, written_name
 
 # `a, b, g = obj.method(...)` (three or four targets), captured: the targets and the method
 _UNPACKED_CALL = re.compile(
@@ -95,19 +95,9 @@ def _returned_at(function: ast.FunctionDef, place: int, count: int) -> list[tupl
     for node in ast.walk(function):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             elements = node.value.elts
-            if len(elements) == count and (name := _written(elements[place])) is not None:
+            if len(elements) == count and (name := written_name(elements[place])) is not None:
                 found.append((name, node.lineno))
     return found
-
-
-def _written(expr: ast.expr) -> str | None:
-    while isinstance(expr, ast.Subscript):
-        expr = expr.value
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return None
 
 
 def read_text(path: str) -> str | None:
