@@ -89,17 +89,18 @@ def _class_of(
     binding = found[0][0]
     if binding.kind == "definition" and isinstance(binding.node, cst.ClassDef):
         return binding.node if binding.node in index.module.body else None
-    written: str | None = None
     if binding.kind == "param" and isinstance(binding.node, cst.Param):
-        annotation = binding.node.annotation
-        node = annotation.annotation if annotation is not None else None
-        text = node.evaluated_value if isinstance(node, cst.SimpleString) else None
-        written = (
-            text if isinstance(text, str) else (dotted_name(node) if node is not None else None)
-        )
-    elif binding.kind == "assign" and isinstance(binding.value, cst.Call):
+        return _module_class(index, _annotated_name(binding.node.annotation))
+    if binding.kind == "assign" and isinstance(binding.value, cst.Call):
         return _made_class(index, provenance, binding.value, found[0][1])
-    return _module_class(index, written) if written else None
+    return None
+
+
+def _annotated_name(annotation: cst.Annotation | None) -> str | None:
+    """The class an annotation names, as written (``Cache``, ``"Cache"``, ``pkg.Cache``)."""
+    node = annotation.annotation if annotation is not None else None
+    text = node.evaluated_value if isinstance(node, cst.SimpleString) else None
+    return text if isinstance(text, str) else (dotted_name(node) if node is not None else None)
 
 
 def _made_class(
@@ -113,10 +114,7 @@ def _made_class(
     for binding, _ in provenance.lookup(call.func.value, site) or ():
         function = binding.node
         if binding.kind == "definition" and isinstance(function, cst.FunctionDef):
-            returns = function.returns.annotation if function.returns is not None else None
-            text = returns.evaluated_value if isinstance(returns, cst.SimpleString) else None
-            written = text if isinstance(text, str) else dotted_name(returns) if returns else None
-            return _module_class(index, written)
+            return _module_class(index, _annotated_name(function.returns))
     return None
 
 

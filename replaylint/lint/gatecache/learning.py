@@ -30,6 +30,8 @@ __all__ = [
     "TOO_GENERIC_TO_LEARN",
     "entry_point_needles",
     "learn_gate_cache_names",
+    "learn_rings_by_order",
+    "learnable",
     "learning_needles",
 ]
 
@@ -79,11 +81,29 @@ def learn_gate_cache_names(
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
-            if name in learned or name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
-                continue
-            if known is not None and known.matches(name):
-                continue
-            learned[name] = origin
+            if name not in learned and learnable(name, known):
+                learned[name] = origin
+    return learned
+
+
+def learnable(name: str, known: GateCacheNames | None) -> bool:
+    """Whether ``name`` may be learned: specific enough to mean the gate ring everywhere, and
+    not one ``known`` matches already."""
+    if name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
+        return False
+    return known is None or not known.matches(name)
+
+
+def learn_rings_by_order(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
+    """The gate rings ``text`` names by their place (a file that teaches nothing else)."""
+    try:
+        tree = ast.parse(text, filename=filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    learned: dict[str, LearnedFrom] = {}
+    for name, origin in gate_rings_by_order(tree, filename):
+        if learnable(name, known):
+            learned.setdefault(name, origin)
     return learned
 
 

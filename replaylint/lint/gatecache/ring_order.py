@@ -18,12 +18,11 @@ import ast
 import re
 from collections.abc import Iterator, Sequence
 
-from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.names import LearnedFrom
+from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
 
-_D_WORDS = frozenset({"d", "delta", "deltas"})
-_K_WORDS = frozenset({"k", "key", "keys"})
-_WHOLE_D = _D_WORDS - {"d"}
-_WHOLE_K = _K_WORDS - {"k"}
+_D_WORDS, _K_WORDS = frozenset(D_WORDS), frozenset(K_WORDS)
+_WHOLE_D, _WHOLE_K = frozenset(D_WORDS[1:]), frozenset(K_WORDS[1:])
 _METADATA = frozenset(
     {"shape", "shapes", "dtype", "dtypes", "size", "sizes", "bytes", "numel", "stride", "strides"}
     | {"idx", "index", "indices", "offset", "offsets", "len", "dim", "dims", "name", "names"}
@@ -43,19 +42,6 @@ _ROW = re.compile(
 def may_list_rings(raw: bytes) -> bool:
     """Whether ``raw`` may write a row of rings (cheap: parse only the files that may)."""
     return _ROW.search(raw) is not None
-
-
-def rings_by_order_in(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
-    """The gate rings ``text`` names by their place (not ones ``known`` matches already)."""
-    try:
-        tree = ast.parse(text, filename=filename)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    learned: dict[str, LearnedFrom] = {}
-    for name, origin in gate_rings_by_order(tree, filename):
-        if not known.matches(name):
-            learned.setdefault(name, origin)
-    return learned
 
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:

@@ -27,8 +27,9 @@ _METADATA = frozenset(
     | {"name", "names", "tag", "id", "ids", "slice", "start", "end", "count"}
 )
 _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
-_D_WORDS = ("d", "delta", "deltas")
-_K_WORDS = ("k", "key", "keys")
+# the words that name the d and the k ring, the one-letter word first
+D_WORDS = ("d", "delta", "deltas")
+K_WORDS = ("k", "key", "keys")
 # what every ring of a family shares, so never the gate ring's own word
 _SHARED = frozenset({"cache", "caches", "buffer", "buffers", "ring", "rings", "rows", "row"})
 _SHARED_MORE = frozenset({"state", "states", "tensor", "tensors", "pool", "slots", "host"})
@@ -49,7 +50,7 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
                 word
                 and lowered not in _METADATA
                 and lowered not in _SHARED | _SHARED_MORE
-                and lowered not in (*_D_WORDS, *_K_WORDS)
+                and lowered not in (*D_WORDS, *K_WORDS)
             ):
                 stems.setdefault(word, gate)
     derived: dict[str, LearnedFrom] = {}
@@ -64,9 +65,7 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
             if gate is None:
                 continue
             # a one-word name needs whole words beside it (`delta`, `key`), not `d` and `k`
-            d_words, k_words = (
-                (_D_WORDS[1:], _K_WORDS[1:]) if len(words) == 1 else (_D_WORDS, _K_WORDS)
-            )
+            d_words, k_words = (D_WORDS[1:], K_WORDS[1:]) if len(words) == 1 else (D_WORDS, K_WORDS)
             d_name = _replaced(words, position, d_words, identifiers)
             k_name = _replaced(words, position, k_words, identifiers)
             if d_name is not None and k_name is not None:

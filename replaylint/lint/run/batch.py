@@ -27,11 +27,12 @@ from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.learning import (
     entry_point_needles,
     learn_gate_cache_names,
+    learn_rings_by_order,
     learning_needles,
 )
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
-from replaylint.lint.gatecache.ring_order import may_list_rings, rings_by_order_in
+from replaylint.lint.gatecache.ring_order import may_list_rings
 from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.cache import CachedFile, ResultCache, StoredFile, digest
 from replaylint.lint.run.discovery import Discovered
@@ -96,19 +97,16 @@ def _learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> _Le
     # As in a whole-run learning pass: names the patterns already match need no teaching.
     base = GateCacheNames(settings.gate_cache_patterns)
     needles = learning_needles(settings.entry_points, base)
-    if needles is not None and not any(needle.encode() in raw for needle in needles):
-        if not (relevant and may_list_rings(raw)):
-            return ()
-        try:
-            text, _ = decode_source(raw)
-        except FileProblem:
-            return ()
-        learned = rings_by_order_in(text, filename, base)
+    rings_only = needles is not None and not any(needle.encode() in raw for needle in needles)
+    if rings_only and not (relevant and may_list_rings(raw)):
+        return ()
+    try:
+        text, _ = decode_source(raw)
+    except FileProblem:
+        return ()
+    if rings_only:
+        learned = learn_rings_by_order(text, filename, base)
     else:
-        try:
-            text, _ = decode_source(raw)
-        except FileProblem:
-            return ()
         learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
     return tuple((name, origin.row, _taught_by(origin)) for name, origin in learned.items())
 

@@ -17,15 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replaylint.lint.gatecache.grep import files_containing
+from replaylint.lint.gatecache.learning import learnable
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.ring_order import gate_rings_by_order, written_name
+from replaylint.lint.run.files import FileProblem, read_source
 
 # `a, b, g = obj.method(...)` (three or four targets), captured: the targets and the method
 _UNPACKED_CALL = re.compile(
     r"^[ \t]*((?:[A-Za-z_]\w*[ \t]*,[ \t]*){2,3}[A-Za-z_]\w*)[ \t]*=[ \t]*[\w.]+\.(\w+)\(",
     re.MULTILINE,
 )
-_GENERIC = frozenset({"g", "gate", "x", "out", "value", "data", "tmp", "state", "states"})
 
 
 def learned_from_getters(
@@ -41,7 +42,7 @@ def learned_from_getters(
     if not getters:
         return {}
     found = names_from_getters(paths, getters, read_text, jobs)
-    return {n: o for n, o in found.items() if n not in merged and not names.matches(n)}
+    return {n: o for n, o in found.items() if n not in merged and learnable(n, names)}
 
 
 def ring_getters(texts: Sequence[str], names: GateCacheNames) -> dict[str, tuple[int, int]]:
@@ -83,11 +84,7 @@ def names_from_getters(
                     learned.setdefault(name, LearnedFrom(path, row, "", reason))
         for name, origin in gate_rings_by_order(tree, path):
             learned.setdefault(name, origin)
-    return {
-        name: origin
-        for name, origin in learned.items()
-        if name.lower() not in _GENERIC and len(name) > 2
-    }
+    return learned
 
 
 def _returned_at(function: ast.FunctionDef, place: int, count: int) -> list[tuple[str, int]]:
@@ -101,7 +98,8 @@ def _returned_at(function: ast.FunctionDef, place: int, count: int) -> list[tupl
 
 
 def read_text(path: str) -> str | None:
+    """The decoded text of the file at ``path`` (its encoding declaration honoured), or None."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return read_source(Path(path)).text
+    except FileProblem:
         return None
