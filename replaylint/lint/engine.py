@@ -24,7 +24,11 @@ from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.gatecache.siblings import sibling_names
 from replaylint.lint.model import Finding, SourceError
-from replaylint.lint.project.gate_buffers import MODULE_CAST_CALL, imports_gate_buffer_class
+from replaylint.lint.project.gate_buffers import (
+    GENERIC_MODULE,
+    MODULE_CAST_CALL,
+    imports_gate_buffer_class,
+)
 from replaylint.lint.project.index import ProjectIndex, ProjectView
 from replaylint.lint.rules.base import Rule
 from replaylint.lint.rules.catalogue import RULE_NAMES
@@ -134,6 +138,8 @@ class Linter:
         module = self.project.module_of(filename)
         if module is None:
             return False
+        if self.project.holder_names and GENERIC_MODULE.search(source) is not None:
+            return True  # `model: nn.Module` or `self` in a mixin: may be a gate-buffer class
         return imports_gate_buffer_class(self.project, self.gate_caches.matches, module)
 
     def noqa_notes(self, source: str, filename: str = "<stdin>") -> list[str]:

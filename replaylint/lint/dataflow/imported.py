@@ -152,6 +152,8 @@ class Evaluation:
             return self.dtypes(self.item(value[1], value[2], context), context)
         if kind == "call":
             return self.call_dtypes(value, context)
+        if kind == "either":  # one of the values a function may return: each must be known
+            return [fact for branch in value[1] for fact in self.dtypes(branch, context)]
         raise Unknown
 
     def target_dtypes(self, target: Target | There | Here, context: Context) -> list[DtypeFact]:
@@ -233,13 +235,28 @@ class Evaluation:
         return facts
 
     def item(self, table: Value, key: Value, context: Context) -> Value:
-        """``TABLE[key]`` with a literal table and a key known statically."""
-        entries = self.table(table, context)
+        """``TABLE[key]`` with a literal table and a key known statically; of a function that
+        returns one of several tuples, the entry of each (``["either", ...]``)."""
         wanted = self.string(key, context)
+        returned = self._returned(table, context)
+        if returned is not None and returned[0][0] == "either":
+            value, inner = returned
+            return ["either", [self.item(branch, ["const", wanted], inner) for branch in value[1]]]
+        entries = self.table(table, context)
         for entry_key, entry_value in entries:
             if entry_key == wanted:
                 return _bound(entry_value, context)
         raise Unknown
+
+    def _returned(self, value: Value, context: Context) -> tuple[Value, Context] | None:
+        """What a call of a project function returns, with its parameters bound; None for
+        another value."""
+        if value[0] != "call":
+            return None
+        callee = self.target(value[1], context)
+        if not isinstance(callee, Found) or callee.definition[0] != "function":
+            return None
+        return self.called(callee, value[2], value[3], context)
 
     def table(self, value: Value, context: Context) -> list[Any]:
         """The entries of a literal dict (by key) or tuple (by position) a value denotes."""
@@ -251,6 +268,9 @@ class Evaluation:
             return [[i, There(v, context)] for i, v in enumerate(value[1])]
         if kind == "item":  # `SPECS["g_cache"][1]`: an entry of an entry
             return self.table(self.item(value[1], value[2], context), context)
+        returned = self._returned(value, context)
+        if returned is not None:  # `ring_dtype, gate_dtype = ring_dtypes(...)`
+            return self.table(*returned)
         target = self.target(value, context)
         if isinstance(target, Found) and target.definition[0] == "value":
             inner = Context(target.module, origins=target.origins)
@@ -414,6 +434,24 @@ def dtype_facts(
         if value is None:
             return None
         facts = evaluation.dtypes(value, Context(prov.project.module))
+    except (Unknown, *MALFORMED):
+        return None
+    return tuple(facts) or None
+
+
+def element_dtype_facts(
+    prov: Provenance, value: cst.Call, position: int, site: Site, env: Env
+) -> tuple[DtypeFact, ...] | None:
+    """The dtypes of element ``position`` of what a call of a project function returns
+    (``ring_dtype, gate_dtype = ring_dtypes(config)``); None when the index does not say."""
+    if prov.project is None:
+        return None
+    evaluation = Evaluation(prov, value)
+    try:
+        call = as_value(prov, value, site, env)
+        if call is None:
+            return None
+        facts = evaluation.dtypes(["item", call, ["const", position]], Context(prov.project.module))
     except (Unknown, *MALFORMED):
         return None
     return tuple(facts) or None

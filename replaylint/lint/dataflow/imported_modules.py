@@ -31,6 +31,7 @@ from replaylint.lint.project.gate_buffers import (
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import syntax_children
 
 __all__ = [
     "ImportedGateBuffer",
@@ -63,13 +64,34 @@ def imported_gate_buffer(
         return None
     try:
         found = _instance(prov, receiver, site, 0)
-        return (
-            None
-            if found is None
-            else class_gate_buffer(prov.project.index, prov.index.gate_caches.matches, found)
-        )
+        if found is None:
+            return None
+        called = _methods_called(receiver, site)
+        return class_gate_buffer(prov.project.index, prov.index.gate_caches.matches, found, called)
     except MALFORMED:
         return None
+
+
+def _methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
+    """The methods the scope calls on the name ``receiver`` is (``model.setup_caches(...)``):
+    the parts those methods install are held by the instance when it is cast."""
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value  # `model.cuda().half()`
+    if not isinstance(receiver, cst.Name):
+        return frozenset()
+    called: set[str] = set()
+    stack: list[cst.CSTNode] = [site.scope]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == receiver.value
+        ):
+            called.add(node.func.attr.value)
+        stack.extend(syntax_children(node))
+    return frozenset(called)
 
 
 # ------------------------------------------------------------------ what the receiver is
@@ -80,8 +102,10 @@ def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
         func = expr.func
         if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
             return _instance(prov, func.value, site, depth + 1)
-        if isinstance(func, cst.Attribute) and func.attr.value in INHERITED_CONSTRUCTORS:
-            return _class(prov, func.value, site)
+        if isinstance(func, cst.Attribute):
+            owner = _class(prov, func.value, site)
+            if owner is not None and _constructs(owner, func.attr.value):
+                return owner  # `Transformer.from_name(name)`
         made = _class(prov, func, site)
         if made is not None:
             return made
@@ -114,6 +138,14 @@ def _class(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Found | No
         return None
     target = prov.project.resolve(str(value[2]))
     return target if isinstance(target, Found) and target.definition[0] == "class" else None
+
+
+def _constructs(cls: Found, method: str) -> bool:
+    """Whether ``cls.method(...)`` makes an instance of ``cls``: an inherited constructor
+    (``from_pretrained``), or a classmethod of the class that returns ``cls(...)``."""
+    flags = cls.definition[3]
+    made = flags.get("constructors") if isinstance(flags, dict) else None
+    return method in INHERITED_CONSTRUCTORS or (isinstance(made, list) and method in made)
 
 
 def _returned_class(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:

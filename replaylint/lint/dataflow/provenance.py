@@ -216,6 +216,10 @@ class Provenance:
                         facts.append(
                             DtypeFact(fact.dtype, fact.node, binding, fact.parameter, fact.origin)
                         )
+                elif (unpacked := self._unpacked_dtypes(binding, binding_site, env)) is not None:
+                    facts.extend(
+                        DtypeFact(f.dtype, f.node, binding, f.parameter, f.origin) for f in unpacked
+                    )
                 else:
                     facts.append(DtypeFact(None, expr, binding))
             return tuple(facts)
@@ -253,6 +257,15 @@ class Provenance:
             if element is not None:
                 return self.dtype_facts(element[0], element[1], env)
         return (DtypeFact(None, expr),)
+
+    def _unpacked_dtypes(
+        self, binding: Binding, site: Site, env: Env
+    ) -> tuple[DtypeFact, ...] | None:
+        """``ring_dtype, gate_dtype = ring_dtypes(...)`` of a project function: the element's."""
+        unpacked = records.unpacked(binding) if binding.kind == "assign" else None
+        if unpacked is None or not isinstance(unpacked[0], cst.Call) or self.project is None:
+            return None
+        return imported.element_dtype_facts(self, unpacked[0], unpacked[1], site, env)
 
     def tensor_facts(
         self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV

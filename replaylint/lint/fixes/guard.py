@@ -9,6 +9,7 @@ name (which also keeps the gate caches float32 through later casts and state-dic
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import libcst as cst
 
@@ -20,9 +21,12 @@ from replaylint.lint.syntax.nodes import dotted_name
 _FORMATTED = re.compile(r"\{[^{}]*\}")
 
 
-def protect_before_cast(module: cst.Module, cast: cst.Call, buffer_name: str) -> FixDraft | None:
+def protect_before_cast(
+    module: cst.Module, cast: cst.Call, buffer_name: str, others: Sequence[str] = ()
+) -> FixDraft | None:
     """The fix for ``cast`` (``<receiver>.half()``, ``.to(dtype)``) of a module whose gate cache
-    ``buffer_name`` it would convert; None when the receiver is ``super()``."""
+    ``buffer_name`` (and perhaps ``others``) it would convert; None when the receiver is
+    ``super()``."""
     func = cast.func
     if not isinstance(func, cst.Attribute):
         return None
@@ -30,8 +34,9 @@ def protect_before_cast(module: cst.Module, cast: cst.Call, buffer_name: str) ->
     if isinstance(receiver, cst.Call) and dotted_name(receiver.func) == "super":
         return None
     # at run time the guard knows the default patterns only: a name they miss is passed to it
-    pattern = _FORMATTED.sub("*", buffer_name)
-    extra = "" if guard_knows(pattern) else f", extend_gate_cache_names=[{pattern!r}]"
+    patterns = dict.fromkeys(_FORMATTED.sub("*", name) for name in (buffer_name, *others))
+    unknown = [pattern for pattern in patterns if not guard_knows(pattern)]
+    extra = f", extend_gate_cache_names={unknown!r}" if unknown else ""
     code = module.code_for_node(receiver)
     return FixDraft(
         f"Keep its gate caches float32 through the cast with `replaylint.guards.{GUARD}`",

@@ -26,6 +26,11 @@ _REGISTERED = re.compile(
 )
 MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
 """Text that may be a module cast: a file without it casts no model."""
+GENERIC_MODULE = re.compile(
+    r":\s*['\"]?(?:torch\.)?(?:nn\.)?Module\b|\bself\.(?:half|bfloat16|to|type)\s*\("
+)
+"""Text that may name a module of no known class: an ``nn.Module`` annotation, or a cast of
+``self`` (a file that also has a :data:`MODULE_CAST_CALL` may cast one)."""
 
 Matches = Callable[[str], bool]
 """Whether a name is a gate cache's."""
@@ -59,12 +64,14 @@ def registers_gate_buffer(text: str, matches: Matches) -> bool:
 
 
 def class_gate_buffer(
-    index: ProjectIndex, matches: Matches, found: Found
+    index: ProjectIndex, matches: Matches, found: Found, called: frozenset[str] | None = None
 ) -> ImportedGateBuffer | None:
     """The gate buffer (one of ``names``) that a cast of an instance of the project class
-    ``found`` converts; None when there is none or a class on the way keeps it float32."""
+    ``found`` converts; None when there is none or a class on the way keeps it float32.
+    ``called``: the methods called on the instance before the cast, for the parts a method
+    installs (``model.setup_caches(...)``); None counts every such part."""
     try:
-        return _gate_buffer(index, matches, found, 0, set())
+        return _gate_buffer(index, matches, found, 0, set(), called)
     except MALFORMED:
         return None
 
@@ -89,6 +96,22 @@ def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str
     return False
 
 
+def project_bases(index: ProjectIndex, found: Found) -> set[str]:
+    """The names of the project classes ``found`` derives from, at any depth."""
+    names: set[str] = set()
+    stack, seen = [found], {(found.module, found.name)}
+    while stack:
+        current = stack.pop()
+        facts = _facts(current)
+        for base in facts["bases"] if facts is not None else ():
+            parent = class_value(index, current.module, base)
+            if parent is not None and (parent.module, parent.name) not in seen:
+                seen.add((parent.module, parent.name))
+                names.add(parent.name)
+                stack.append(parent)
+    return names
+
+
 def class_value(index: ProjectIndex, module: str, value: Value) -> Found | None:
     """The project class a summary value of ``module`` names."""
     target = index.value_target(module, value, (), 0)
@@ -110,6 +133,7 @@ def _gate_buffer(
     found: Found,
     depth: int,
     seen: set[tuple[str, str]],
+    called: frozenset[str] | None,
 ) -> ImportedGateBuffer | None:
     key = (found.module, found.name)
     facts = _facts(found)
@@ -127,15 +151,24 @@ def _gate_buffer(
         parent_facts = _facts(parent)
         if parent_facts is not None and _keeps(parent_facts, matches):
             return None  # a guarded base keeps what it and its subclasses hold float32
-        inherited = _gate_buffer(index, matches, parent, depth + 1, seen)
+        inherited = _gate_buffer(index, matches, parent, depth + 1, seen, called)
         if inherited is not None:
             return ImportedGateBuffer(
                 found.name, inherited.name, inherited.owner, inherited.origin, inherited.held_by
             )
-    for attribute, callees in facts["holds"]:
+    installed = [
+        (attribute, callees)
+        for attribute, callees, method in facts.get("installs", ())
+        if called is None or method in called
+    ]
+    # a part's own installers are not known to have run: only its constructed parts count
+    inner: frozenset[str] | None = None if called is None else frozenset()
+    for attribute, callees in [*facts["holds"], *installed]:
         for callee in callees:
             part = class_value(index, found.module, callee)
-            held = None if part is None else _gate_buffer(index, matches, part, depth + 1, seen)
+            held = (
+                None if part is None else _gate_buffer(index, matches, part, depth + 1, seen, inner)
+            )
             if held is not None:
                 return ImportedGateBuffer(
                     found.name,

@@ -20,8 +20,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replaylint.lint.project.summaries import Definition, Summary, Value
+
+if TYPE_CHECKING:
+    from replaylint.lint.project.gate_buffers import ImportedGateBuffer
 
 MAX_CHAIN = 8
 """Imports and aliases followed to reach one definition."""
@@ -118,6 +122,14 @@ class ProjectIndex:
     """Names of the project's classes that hold a gate buffer, when a run has found them all
     (:mod:`replaylint.lint.run.model_classes`): other imported names need no summary to say
     they hold none."""
+    holder_bases: frozenset[str] = frozenset()
+    """Names of the project classes those classes derive from (a mixin whose methods cast
+    ``self`` casts a holder), found with ``holder_names``."""
+    holder_buffers: frozenset[str] = frozenset()
+    """The names of the gate buffers those classes hold, as registered."""
+    holder_example: ImportedGateBuffer | None = None
+    """One gate buffer such a class holds: what a cast of a module of unknown class is
+    reported against."""
     _summaries: dict[str, tuple[Summary | None, str]] = field(default_factory=dict)
     _by_path: dict[str, str] = field(default_factory=dict)
     _used: dict[str, str] = field(default_factory=dict)
@@ -249,9 +261,8 @@ class ProjectIndex:
         definition = summary["names"].get(name)
         if definition is None or definition[0] == "unknown":
             return None
-        assigned = summary["assigned"]
-        if name in assigned or "*" in assigned:
-            return None  # `sys.modules[__name__].X = ...`, `setattr(...)`: not certain
+        if name in summary["assigned"] or summary.get("writes_names", True):
+            return None  # `sys.modules[__name__].X = ...`, `setattr(module, ...)`: not certain
         here = (*origins, Origin(name, self.path_of(module), int(definition[1])))
         if definition[0] != "value":
             return Found(module, name, definition, here)

@@ -14,6 +14,11 @@ of a class with base classes records, from the class's own text (``ast``, no eva
     (``self.layers = nn.ModuleList([Layer(...) for ...])``, ``add_module(f"layer{i}", Layer())``,
     ``self.blocks.append(Block())``); every callee is kept as a summary value, and the importer
     keeps only those that resolve to classes of the project;
+``installs``
+    ``[[attribute, [callee, ...], method], ...]``: what ``method`` builds into attributes of the
+    instance's parts (``for block in self.layers: block.attention.kv_cache = Cache(...)``, a
+    ``setup_caches`` that adds the caches after construction): an instance holds them only once
+    that method has been called on it;
 ``bases``
     the base classes as summary values;
 ``keeps``
@@ -48,15 +53,23 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     expression of the module into a summary value."""
     buffers: list[list[Any]] = []
     holds: dict[str, list[Value]] = {}
+    installs: dict[tuple[str, str], list[Value]] = {}
 
-    def hold(attribute: str, expr: ast.expr) -> None:
-        callees = holds.setdefault(attribute, [])
+    def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
+        callees = holds.setdefault(attribute, []) if into is None else into
         for node in ast.walk(expr):
             if len(callees) >= _MAX_CALLEES:
                 return
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
                 callees.append(value_of(node.func))
 
+    parts = _parts_of_self(cls)
+    method_of = {
+        id(node): statement.name
+        for statement in cls.body
+        if isinstance(statement, ast.FunctionDef)
+        for node in ast.walk(statement)
+    }
     for node in ast.walk(cls):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, args = node.func.attr, node.args
@@ -79,6 +92,10 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
             for target in targets:
                 attribute = _self_attribute(target)
                 if attribute is None:
+                    part = _part_attribute(target, parts)
+                    if part is not None:
+                        key = (part, method_of.get(id(node), ""))
+                        hold(part, node.value, installs.setdefault(key, []))
                     continue
                 value = node.value
                 if (
@@ -94,6 +111,11 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     return {
         "buffers": buffers,
         "holds": [[attribute, callees] for attribute, callees in holds.items() if callees],
+        "installs": [
+            [attribute, callees, method]
+            for (attribute, method), callees in installs.items()
+            if callees
+        ],
         "bases": [value_of(base) for base in cls.bases],
         "keeps": keeps,
         "restores": restores,
@@ -170,6 +192,57 @@ def _written_name(node: ast.expr) -> str | None:
                 parts.append("{" + ast.unparse(part.value) + "}")
         return "".join(parts)
     return None
+
+
+def _parts_of_self(cls: ast.ClassDef) -> frozenset[str]:
+    """Local names of the class's methods bound to parts of ``self`` (``for block in
+    self.layers``, ``attention = block.attention``), followed to a fixed point."""
+    bindings: list[tuple[ast.expr, ast.expr]] = []
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.For, ast.comprehension)):
+            target, source = node.target, node.iter
+            if (  # `for i, block in enumerate(self.layers)`
+                isinstance(target, ast.Tuple)
+                and len(target.elts) == 2
+                and isinstance(source, ast.Call)
+                and _is_name(source.func, "enumerate")
+                and source.args
+            ):
+                target, source = target.elts[1], source.args[0]
+            bindings.append((target, source))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            bindings.append((node.targets[0], node.value))
+    parts: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for target, source in bindings:
+            if isinstance(target, ast.Name) and target.id not in parts and _reaches(source, parts):
+                parts.add(target.id)
+                changed = True
+    return frozenset(parts)
+
+
+def _reaches(source: ast.expr, parts: set[str]) -> bool:
+    """Whether ``source`` is ``self`` or a part, or an attribute, item or call of one
+    (``self.layers``, ``block.attention``, ``self.layers[i]``, ``self.layers.children()``)."""
+    node = source
+    while True:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        else:
+            break
+    return isinstance(node, ast.Name) and (node.id == "self" or node.id in parts)
+
+
+def _part_attribute(target: ast.expr, parts: frozenset[str]) -> str | None:
+    """``block.attention.cache`` for an assignment to an attribute of a part of ``self``."""
+    if not isinstance(target, ast.Attribute):
+        return None
+    written = dotted(target)
+    return written if written.partition(".")[0] in parts else None
 
 
 def _self_attribute(node: ast.expr) -> str | None:

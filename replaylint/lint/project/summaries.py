@@ -11,14 +11,15 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
 ``["table", [[key, v], ...]]`` a dict with literal keys; ``["tuple", [v, ...]]``;
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
-``["either", [v, v], dtype_test]`` one of two values (a conditional expression; ``dtype_test``:
-its test compares a tensor's dtype);
+``["either", [v, ...], dtype_test]`` one of several values (a conditional expression, or the
+``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
 ``try``, a loop), declared ``global`` in a function, deleted or mutated in place
-(``TABLE[k] = v``, ``TABLE.update(...)``) is ``unknown``. A function is summarised when its body
-is straight-line: locals bound once, then one ``return``.
+(``TABLE[k] = v``, ``TABLE.update(...)``) is ``unknown``. A function whose body is straight-line
+(locals bound once, then one ``return``) is summarised by what it returns; one with several
+``return`` statements by the values they may return, in which its locals are unknown.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ Definition = list[Any]
 (``flags["module"]``: :func:`~replaylint.lint.project.module_facts.module_facts`)
 or ``["unknown", line]``."""
 Summary = dict[str, Any]
-"""``{"names": {name: Definition}, "assigned": [attribute, ...], "lists": [attribute, ...],
+"""``{"names": {name: Definition}, "assigned": [attribute, ...], "writes_names": bool,
+"lists": [attribute, ...],
 "imports": [[module, name], ...], "loaders": {function: [reader, ...]}}`` (every import of the
-module, at any depth; ``name`` is None for ``import module``; ``lists``: attributes of ``self``
+module, at any depth; ``name`` is None for ``import module``; ``writes_names``: whether a
+``setattr`` of something other than ``self``/``cls`` may rebind the module's own names; ``lists``: attributes of ``self``
 that hold lists; ``loaders``: top-level functions that read tensors and cast nothing, with the
 callees that may read them)."""
 
@@ -57,6 +60,7 @@ _CONDITIONAL: tuple[type[ast.stmt], ...] = (
 # calls that rebind a module's names behind the analysis's back
 _DYNAMIC_NAMESPACE = frozenset({"globals", "vars", "exec"})
 _MAX_VALUE_NODES = 200  # a constant larger than this is no dtype policy
+_MAX_RETURNS = 8  # a function with more returns is no dtype policy
 
 
 def summarise(text: str) -> Summary | None:
@@ -78,6 +82,7 @@ class _Summariser:
         self.names: dict[str, Definition] = {}
         self.spoiled: set[str] = set()
         self.assigned: set[str] = set()
+        self.writes_names = False
         self.lists: set[str] = set()
         """Attributes of ``self`` the module binds to a list or adds elements to."""
         self.imports: set[tuple[str, str | None]] = set()
@@ -101,6 +106,7 @@ class _Summariser:
         return {
             "names": names,
             "assigned": sorted(self.assigned),
+            "writes_names": self.writes_names,
             "lists": sorted(self.lists),
             "imports": [list(item) for item in sorted(self.imports, key=str)],
             "loaders": self.loaders,
@@ -179,11 +185,14 @@ class _Summariser:
                 func = node.func
                 if isinstance(func, ast.Name) and func.id in {"setattr", "delattr"}:
                     self.assigned.add("*")
+                    if not (node.args and _is_instance(node.args[0])):
+                        self.writes_names = True  # maybe a module object's
                 elif isinstance(func, ast.Name) and func.id in _DYNAMIC_NAMESPACE:
                     self.dynamic = True
                 elif isinstance(func, ast.Attribute):
                     if func.attr == "__setattr__":
                         self.assigned.add("*")
+                        self.writes_names = True
                     elif func.attr in _MUTATORS and isinstance(func.value, ast.Name):
                         self.spoiled.add(func.value.id)
             elif isinstance(node, ast.ImportFrom):
@@ -240,7 +249,7 @@ class _Summariser:
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]  # the docstring
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
-            return UNKNOWN
+            return self._branching_result(function, params)
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
         for statement in body[:-1]:
             if isinstance(statement, ast.Assert):
@@ -254,12 +263,53 @@ class _Summariser:
                 and len(statement.targets) == 1
                 and isinstance(statement.targets[0], ast.Name)
             ):
-                return UNKNOWN
+                return self._branching_result(function, params)
             name = statement.targets[0].id
             if name in locals_ and locals_[name][0] != "ref":
                 return UNKNOWN  # rebound (or a parameter rebound): not followed
             locals_[name] = _Values(self, locals_).value(statement.value)
         return _Values(self, locals_).value(body[-1].value)
+
+    def _branching_result(
+        self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]
+    ) -> Value:
+        """What a body with several ``return`` statements (under ``if``, ``try``) may return:
+        ``["either", [v, ...], False]``, one value per return. A parameter or local bound
+        anywhere in the body is unknown in them (which binding reaches a return is not
+        followed); a generator, or a body that may end without a return, is unknown."""
+        returns: list[ast.Return] = []
+        stored: set[str] = set()
+        stack: list[ast.AST] = list(function.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                return UNKNOWN
+            if isinstance(node, ast.Return):
+                returns.append(node)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                stored.add(node.id)
+            if not isinstance(
+                node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+            ):
+                stack.extend(ast.iter_child_nodes(node))
+        last = function.body[-1] if function.body else None
+        if (
+            not returns
+            or len(returns) > _MAX_RETURNS
+            or not isinstance(last, (ast.Return, ast.Raise))
+        ):
+            return UNKNOWN
+        locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
+        for name in stored:
+            locals_[name] = UNKNOWN
+        values: list[Value] = []
+        for node in sorted(returns, key=lambda r: (r.lineno, r.col_offset)):
+            value = (
+                ["const", None] if node.value is None else _Values(self, locals_).value(node.value)
+            )
+            if value not in values:
+                values.append(value)
+        return values[0] if len(values) == 1 else ["either", values, False]
 
     def _class(self, cls: ast.ClassDef) -> Definition:
         members: dict[str, list[Any]] = {}
@@ -317,12 +367,40 @@ class _Summariser:
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
         flags["fields"] = _positional_fields(cls) if flags["record"] else None
+        flags["constructors"] = _constructors(cls)
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
             flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
         return ["class", cls.lineno, members, flags]
 
     def _member_value(self, node: ast.expr) -> Value:
         return _Values(self, {}, in_class=True).value(node)
+
+
+def _constructors(cls: ast.ClassDef) -> list[str]:
+    """The class's classmethods that return an instance of it: ``return cls(config)``, or
+    annotated to return the class (``def from_name(cls, name) -> "Transformer"``)."""
+    found: list[str] = []
+    for statement in cls.body:
+        if not isinstance(statement, ast.FunctionDef) or not any(
+            _decorator_name(d) == "classmethod" for d in statement.decorator_list
+        ):
+            continue
+        returns = statement.returns
+        if isinstance(returns, ast.Constant):
+            annotated = str(returns.value)
+        else:
+            annotated = dotted(returns) if returns is not None else ""
+        first = statement.args.args[0].arg if statement.args.args else "cls"
+        made = any(
+            isinstance(node, ast.Return)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id == first
+            for node in ast.walk(statement)
+        )
+        if made or annotated in {cls.name, "Self", "typing.Self", "typing_extensions.Self"}:
+            found.append(statement.name)
+    return found
 
 
 def _compares_dtype(test: ast.expr) -> bool:
@@ -464,6 +542,12 @@ class _Values:
             inner.update({str(p[0]): ["param", p[0]] for p in params})
             return ["lambda", params, _Values(self.summariser, inner).value(node.body)]
         return UNKNOWN
+
+
+def _is_instance(node: ast.expr) -> bool:
+    """``self`` or ``cls``: ``setattr(self, name, v)`` sets an attribute of an instance or
+    class, never a name of a module."""
+    return isinstance(node, ast.Name) and node.id in {"self", "cls"}
 
 
 def _decorator_name(node: ast.expr) -> str:

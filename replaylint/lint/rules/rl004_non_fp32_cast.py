@@ -6,26 +6,14 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
-from replaylint.lint.dataflow.imported_modules import (
-    imported_gate_buffer,
-)
-from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
-from replaylint.lint.dataflow.submodules import (
-    GateBufferHolders,
-    gate_buffer_holders,
-    guarded_instance,
-    held_module_cast,
-)
-from replaylint.lint.fixes.guard import protect_before_cast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.module_casts import ModuleCasts
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
-    imported_cast_message,
     literal_names,
-    module_cast_message,
     through,
 )
 from replaylint.lint.syntax.nodes import method_name
@@ -547,31 +535,16 @@ with `@keep_fp32_gate_caches` does the same for every instance.
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
-        self._holders: GateBufferHolders | None = None
+        self._module_casts: ModuleCasts | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) not in _MODULE_CAST_METHODS:
             return
-        prov = self.provenance
-        if self._holders is None:
-            self._holders = gate_buffer_holders(prov, prov.gate_buffers())
-        site, module = self.site(), self.context.module
-        if self._holders.buffers:
-            cast = module_cast(prov, node, site, self._holders.buffers) or held_module_cast(
-                prov, node, site, self._holders
-            )
-            if cast is not None:
-                if not guarded_instance(prov, node, site):
-                    fix = protect_before_cast(module, node, cast.buffer.name)
-                    self.report(node, module_cast_message(self.context, node, cast), fix=fix)
-                return
-        if isinstance(node.func, cst.Attribute) and prov.imports_gate_buffer_holder():
-            dtypes = module_cast_dtypes(prov, node, site)
-            imported = None if dtypes is None else imported_gate_buffer(prov, node.func.value, site)
-            if dtypes is None or imported is None or guarded_instance(prov, node, site):
-                return
-            message = imported_cast_message(module, node, imported, dtypes)
-            self.report(node, message, fix=protect_before_cast(module, node, imported.name))
+        if self._module_casts is None:
+            self._module_casts = ModuleCasts(self.context, self.provenance)
+        found = self._module_casts.finding(node, self.site())
+        if found is not None:
+            self.report(node, found.message, fix=found.fix)
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):

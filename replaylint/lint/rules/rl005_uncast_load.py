@@ -352,7 +352,11 @@ loaded value — device, shape, layout — changes.
             if fact.kind is not Kind.LOADED:
                 continue
             # A dict (safetensors) or a per-layer list (a plural name) has no `.to`.
-            container = fact.target is None or self.context.gate_caches.is_plural(binding.name)
+            container = (
+                fact.target is None
+                or self.context.gate_caches.is_plural(binding.name)
+                or _sequence_of(binding.value, *(b.value for b in fact.via))
+            )
             note = (
                 "; it holds several tensors, so cast each one "
                 "(`{k: v.float() for k, v in loaded.items()}`, `[g.float() for g in loaded]`)"
@@ -371,3 +375,14 @@ loaded value — device, shape, layout — changes.
                     Applicability.SAFE,
                 ),
             )
+
+
+def _sequence_of(*values: cst.BaseExpression | None) -> bool:
+    """Whether one of ``values`` is ``list(...)`` or ``tuple(...)``: what was loaded is a
+    sequence of tensors (``list(snapshot["decay"])``), which has no ``.to``."""
+    return any(
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value in {"list", "tuple"}
+        for value in values
+    )

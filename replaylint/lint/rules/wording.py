@@ -184,6 +184,25 @@ def imported_cast_message(
     )
 
 
+def unknown_module_cast_message(
+    module: cst.Module,
+    call: cst.Call,
+    holder: str,
+    buffer: str,
+    where: str,
+    dtypes: tuple[DtypeFact, ...],
+) -> str:
+    """A cast of a module of no known class, in a project whose ``holder`` holds a gate buffer
+    (``where``: the line or file and line it is registered on)."""
+    return (
+        f"`{one_line(module, call)}` casts every floating buffer of a module whose class is not known here to "
+        f"{_cast_target(dtypes)}; given a `{holder}` (or a model holding one), that converts the "
+        f"gate buffer `{buffer}` registered {where}; {WHY}; keep it float32 with "
+        f"`replaylint.guards.{GUARD}` (call it on the module before the cast, or decorate the "
+        "gate-buffer class)"
+    )
+
+
 def quoted(value: str) -> str:
     """``value`` as a Python string literal, double-quoted where it can be."""
     return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)

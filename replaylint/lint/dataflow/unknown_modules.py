@@ -1,0 +1,89 @@
+"""Module casts of a module whose class is not known: ``model: nn.Module`` or ``self`` in a mixin.
+
+A precision wrapper, a drafter holder or a test helper takes any ``nn.Module`` and casts it
+(``model.to(dtype=self.dtype)``); a mixin of the model class casts ``self``. Nothing says which
+class the module is, but in a project whose modules register float32 gate buffers the cast
+converts them whenever it is given such a model. :func:`unknown_module` says whether a cast's
+receiver is such a module:
+
+* a name every binding of which is a parameter annotated ``nn.Module`` (``torch.nn.Module``,
+  ``Optional[nn.Module]``, ``"nn.Module"``), or the result of a chain of module methods on one
+  (``model = model.eval()``);
+* ``self`` in a class that a gate-buffer class derives from (a mixin, a base class): its methods
+  run on instances of that class.
+
+The rule asks this only when the module itself or another module of the project holds a gate
+buffer that a cast converts (classes that keep theirs float32 do not count).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.instances import MODULE_CHAIN, annotated_name
+from replaylint.lint.syntax.nodes import dotted_name
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+_MODULE_TYPES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+_MAX_DEPTH = 4
+
+
+def unknown_module(
+    prov: Provenance, receiver: cst.BaseExpression, site: Site, bases: frozenset[str]
+) -> bool:
+    """Whether ``receiver`` is an ``nn.Module`` of no known class, or ``self`` in one of the
+    classes named ``bases`` (classes that gate-buffer classes derive from)."""
+    return _unknown(prov, receiver, site, bases, frozenset()) is True
+
+
+def _unknown(
+    prov: Provenance,
+    expr: cst.BaseExpression,
+    site: Site,
+    bases: frozenset[str],
+    seen: frozenset[int],
+) -> bool | None:
+    """True: a module of no known class; False: not, or not known to be; None: only a
+    rebinding already being followed (``model = model.to(...)``), which decides nothing."""
+    if len(seen) > _MAX_DEPTH:
+        return False
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        if expr.func.attr.value not in MODULE_CHAIN:
+            return False
+        return _unknown(prov, expr.func.value, site, bases, seen)
+    if not isinstance(expr, cst.Name):
+        return False
+    if expr.value == "self":
+        owner = site.enclosing_class()
+        return owner is not None and owner.name.value in bases
+    answers: list[bool | None] = []
+    for binding, binding_site in prov.lookup(expr.value, site) or []:
+        if binding.kind == "param" and isinstance(binding.node, cst.Param):
+            answers.append(_annotated_module(prov, binding.node.annotation))
+        elif binding.kind == "assign" and binding.value is not None:
+            key = id(binding.node)
+            answers.append(
+                None
+                if key in seen
+                else _unknown(prov, binding.value, binding_site, bases, seen | {key})
+            )
+        else:
+            answers.append(False)
+    return False if False in answers else (True if True in answers else None)
+
+
+def _annotated_module(prov: Provenance, annotation: cst.Annotation | None) -> bool:
+    """``nn.Module``, ``torch.nn.Module``, ``Module`` imported from ``torch.nn``, optional or
+    written as a string."""
+    node = annotated_name(annotation) if annotation is not None else None
+    if not isinstance(node, (cst.Name, cst.Attribute)):
+        return False
+    written = dotted_name(node) or ""
+    if written.endswith("nn.Module"):
+        return True
+    return bool(prov.index.qualified_names(node) & _MODULE_TYPES)

@@ -1,0 +1,223 @@
+"""Module casts the class of whose receiver is not known from the cast alone, in whole runs.
+
+* ``model: nn.Module`` cast by a precision wrapper, and ``self`` cast in a mixin of the model
+  class, in a project whose modules register a float32 gate buffer;
+* a model class whose setup method installs the gate-buffer modules into its layers after
+  construction (``setup_caches``): a cast converts them only once that method has run;
+* dtypes returned as a tuple by a policy function of another module with several returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_MODELING = """
+import torch
+from torch import nn
+
+
+class ReplayCache(nn.Module):
+    def __init__(self, slots, gate_dtype=torch.float32):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(slots, 4, dtype=gate_dtype))
+        self.register_buffer("d_cache", torch.zeros(slots, 4))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.Linear(4, 4)
+
+
+class Transformer(nn.Module):
+    def __init__(self, n_layers):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(n_layers)])
+
+    @classmethod
+    def from_name(cls, name):
+        return cls(2)
+
+    def setup_caches(self, slots):
+        for block in self.layers:
+            attention = block.attention
+            attention.kv_cache = ReplayCache(slots)
+"""
+
+_KEPT = """
+import torch
+from torch import nn
+
+
+class ReplayCache(nn.Module):
+    def __init__(self, slots):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(slots, 4, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        kept = self.g_cache
+        super()._apply(fn, recurse)
+        self.g_cache = kept.float()
+        return self
+"""
+
+_WRAPPER = """
+import torch
+import torch.nn as nn
+
+
+class NaiveMixedPrecision:
+    def __init__(self, dtype: torch.dtype = torch.float16):
+        self.dtype = dtype
+
+    def configure(self, model: nn.Module):
+        model = model.to(dtype=self.dtype)
+        return model
+
+    def to_device(self, model: nn.Module, device):
+        return model.to(device)
+"""
+
+_MIXIN_AND_MODEL = {
+    "pkg/lora.py": """
+        import torch
+
+
+        class LoRALoaderMixin:
+            def load_lora(self, dtype: torch.dtype) -> None:
+                if dtype != torch.float32:
+                    self.to(dtype=dtype)
+        """,
+    "pkg/model.py": """
+        import torch
+        from torch import nn
+
+        from .lora import LoRALoaderMixin
+
+
+        class KimiModel(nn.Module, LoRALoaderMixin):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+        """,
+}
+
+
+def _findings(root: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    (root / "pyproject.toml").write_text("[tool.replaylint]\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "replaylint", "check", "--no-cache", "--output-format", "json"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in {0, 1}, done.stderr
+    return sorted(
+        (Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(), f["location"]["row"], f["code"])
+        for f in json.loads(done.stdout)
+    )
+
+
+def _package(files: dict[str, str]) -> dict[str, str]:
+    return {"pkg/__init__.py": "", **files}
+
+
+def test_a_cast_of_an_nn_module_parameter_is_reported_when_the_project_has_gate_buffers(
+    tmp_path: Path,
+) -> None:
+    found = _findings(tmp_path, _package({"pkg/modeling.py": _MODELING, "pkg/amp.py": _WRAPPER}))
+    assert ("pkg/amp.py", 10, "RL004") in found
+    # a device move converts nothing
+    assert not any(path == "pkg/amp.py" and row == 14 for path, row, _ in found)
+
+
+def test_no_report_where_every_gate_buffer_class_keeps_its_buffers_float32(
+    tmp_path: Path,
+) -> None:
+    found = _findings(tmp_path, _package({"pkg/modeling.py": _KEPT, "pkg/amp.py": _WRAPPER}))
+    assert not any(path == "pkg/amp.py" for path, _, _ in found)
+
+
+def test_no_report_in_a_project_without_gate_buffers(tmp_path: Path) -> None:
+    plain = "import torch\nfrom torch import nn\n\nclass Mlp(nn.Module):\n    pass\n"
+    found = _findings(tmp_path, _package({"pkg/modeling.py": plain, "pkg/amp.py": _WRAPPER}))
+    assert found == []
+
+
+def test_a_cast_of_self_in_a_mixin_of_a_gate_buffer_class_is_reported(tmp_path: Path) -> None:
+    found = _findings(tmp_path, _package(_MIXIN_AND_MODEL))
+    assert ("pkg/lora.py", 7, "RL004") in found
+
+
+@pytest.mark.parametrize(
+    ("body", "reported"),
+    [
+        ("model = Transformer.from_name(name)\n    model.setup_caches(2)\n    return model.half()", True),
+        ("model = Transformer.from_name(name)\n    return model.half()", False),
+    ],
+    ids=["after-setup", "before-setup"],
+)
+def test_parts_a_setup_method_installs_count_once_it_has_run(
+    tmp_path: Path, body: str, reported: bool
+) -> None:
+    loader = f"from .modeling import Transformer\n\n\ndef load(name):\n    {body}\n"
+    found = _findings(tmp_path, _package({"pkg/modeling.py": _MODELING, "pkg/loader.py": loader}))
+    assert (any(path == "pkg/loader.py" and code == "RL004" for path, _, code in found)) is reported
+
+
+_POLICY = """
+import torch
+
+
+def ring_dtypes(quant_mode, dtype):
+    if quant_mode == "int8":
+        return dtype, dtype
+    return dtype, torch.float32
+
+
+def safe_ring_dtypes(quant_mode, dtype):
+    if quant_mode == "int8":
+        return torch.int8, torch.float32
+    return dtype, torch.float32
+"""
+
+_POOL = """
+import torch
+
+from .policy import ring_dtypes, safe_ring_dtypes
+
+
+def make_rings(quant_mode):
+    ring_dtype, gate_dtype = ring_dtypes(quant_mode, torch.bfloat16)
+    d_cache = torch.zeros(4, dtype=ring_dtype)
+    g_cache = torch.zeros(4, dtype=gate_dtype)
+    return d_cache, g_cache
+
+
+def make_safe_rings(quant_mode):
+    ring_dtype, gate_dtype = safe_ring_dtypes(quant_mode, torch.bfloat16)
+    g_cache = torch.zeros(4, dtype=gate_dtype)
+    return g_cache
+"""
+
+
+def test_an_element_of_a_tuple_that_a_policy_with_several_returns_gives(tmp_path: Path) -> None:
+    found = _findings(tmp_path, _package({"pkg/policy.py": _POLICY, "pkg/pool.py": _POOL}))
+    assert ("pkg/pool.py", 9, "RL002") in found or ("pkg/pool.py", 9, "RL001") in found
+    assert not any(path == "pkg/pool.py" and row == 16 for path, row, _ in found)
