@@ -263,3 +263,34 @@ def test_a_shared_partial_is_overridden_at_the_gate_cache_call_safely() -> None:
     assert findings[0].fix is not None
     assert findings[0].fix.applicability is Applicability.SAFE
     assert "g_cache = alloc(4, dtype=torch.float32)" in _fixed(source)
+
+
+_UNPACKED_LISTS = """
+import numpy as np
+import torch
+
+
+class StatePool:
+    def __init__(self, layers):
+        self._d_cache, self._gate_cache = self._init_caches(layers)
+        self.g_cache = torch.zeros(layers, 4, dtype=torch.float32)
+
+    def _init_caches(self, layers):
+        d_cache, gate_cache = [], []
+        for _ in range(layers):
+            d_cache.append(torch.zeros(4, dtype=torch.bfloat16))
+            gate_cache.append(torch.zeros(4, dtype=torch.float32))
+        return d_cache, gate_cache
+
+    def load(self, path):
+        with np.load(path) as ckpt:
+            for i in range(len(self._gate_cache)):
+                self._gate_cache[i] = torch.from_numpy(ckpt[f"gate.{i}"])
+                self.g_cache[i] = torch.from_numpy(ckpt[f"gate.{i}"])
+"""
+
+
+def test_an_element_of_a_list_a_method_builds_and_returns_is_replaced_not_copied_into() -> None:
+    # `_gate_cache` is the list `_init_caches` returns: its element is replaced by the load;
+    # `g_cache` is one tensor, and the item assignment copies into it (and casts)
+    assert _findings(_UNPACKED_LISTS) == [(20, "RL005")]

@@ -91,6 +91,18 @@ def test_function_summaries_substitute_locals_and_parameters() -> None:
                 if flag:
                     return torch.float32
                 return torch.bfloat16
+
+            def branchy_locals(flag):
+                dtype = torch.float32
+                if flag:
+                    dtype = torch.bfloat16
+                    return dtype
+                return dtype
+
+            def generator(flag):
+                if flag:
+                    yield torch.float32
+                return torch.bfloat16
             """
         )
     )
@@ -101,7 +113,15 @@ def test_function_summaries_substitute_locals_and_parameters() -> None:
     assert [p[0] for p in params] == ["shape", "dtype", "device"]
     assert result[0] == "call"
     assert result[3][0] == ["dtype", ["param", "dtype"]]
-    assert names["branchy"][3] == ["unknown"]  # not straight-line: not followed
+    # several returns: each is one value the function may give
+    assert names["branchy"][3] == [
+        "either",
+        [["attr", ["name", "torch"], "float32"], ["attr", ["name", "torch"], "bfloat16"]],
+        False,
+    ]
+    # a local bound in such a body is not followed (which binding reaches a return is unknown)
+    assert names["branchy_locals"][3] == ["unknown"]
+    assert names["generator"][3] == ["unknown"]
 
 
 def test_class_summaries_keep_constants_fields_and_properties() -> None:

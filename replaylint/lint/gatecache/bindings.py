@@ -10,12 +10,12 @@ binding to every rule that asks for bindings, in rule order.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
+from replaylint.lint.gatecache.lists import ADDED_ELEMENT, list_names, maybe_list_words
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import (
     binding_name,
@@ -238,7 +238,7 @@ class BindingWalker(Visitor):
         class of a module this one imports from does."""
         if self.source is None or name in self._maybe_list_words():
             if self._lists is None:
-                self._lists = _list_names(self.module, self.names)
+                self._lists = list_names(self.module, self.names)
             if name in self._lists:
                 return True
         if not held_elsewhere:
@@ -251,7 +251,7 @@ class BindingWalker(Visitor):
     def _maybe_list_words(self) -> frozenset[str]:
         if self._maybe_lists is None:
             assert self.source is not None
-            self._maybe_lists = _maybe_list_words(self.source)
+            self._maybe_lists = maybe_list_words(self.source)
         return self._maybe_lists
 
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -345,7 +345,7 @@ class BindingWalker(Visitor):
                     display = f"{parameter}={one_line(self.module, arg.value, 40)}"
                     self._passed(GateCacheBinding(parameter, display, arg.value, node, self.site()))
         method = method_name(node)
-        if method in _ADDED_ELEMENT and len(positional) == _ADDED_ELEMENT[method] + 1:
+        if method in ADDED_ELEMENT and len(positional) == ADDED_ELEMENT[method] + 1:
             # `self.g_caches.append(ring)`: the element becomes a gate cache
             assert isinstance(node.func, cst.Attribute)
             name = binding_name(node.func.value)
@@ -469,13 +469,6 @@ _CONVERTING = frozenset({"float", "to", "type", "type_as", "half", "bfloat16", "
 _KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
 # list methods that add an element, and the index of the element among their arguments
-_ADDED_ELEMENT = {"append": 0, "insert": 1, "extend": 0}
-
-
-# A word the text binds to a list (`name = [...]`, `name: T = [...]`) or adds to (`name.append(`).
-_LIST_WORD = re.compile(
-    r"\b(\w+)\b\s*(?:\.\s*(?:append|insert|extend)\s*\(|(?::[^=\n]*)?=\s*[(\s]*\[)"
-)
 
 
 def _held_elsewhere(ring: cst.BaseExpression) -> bool:
@@ -484,32 +477,6 @@ def _held_elsewhere(ring: cst.BaseExpression) -> bool:
     return isinstance(ring, cst.Attribute) and not (
         isinstance(ring.value, cst.Name) and ring.value.value in {"self", "cls"}
     )
-
-
-def _maybe_list_words(source: str) -> frozenset[str]:
-    """Every name the text may bind to a list or add to: a superset of what
-    :func:`_list_names` finds, read in one pass over the text instead of a walk of the tree."""
-    return frozenset(match.group(1) for match in _LIST_WORD.finditer(source))
-
-
-def _list_names(module: cst.Module, names: GateCacheNames) -> frozenset[str]:
-    found: set[str] = set()
-    for node in descendants(module):
-        target: cst.BaseExpression | None = None
-        if isinstance(node, cst.Call) and method_name(node) in _ADDED_ELEMENT:
-            assert isinstance(node.func, cst.Attribute)
-            target = node.func.value
-        elif isinstance(node, (cst.Assign, cst.AnnAssign)) and isinstance(
-            node.value, (cst.List, cst.ListComp)
-        ):
-            targets = node.targets if isinstance(node, cst.Assign) else ()
-            target = node.target if isinstance(node, cst.AnnAssign) else None
-            if len(targets) == 1:
-                target = targets[0].target
-        name = binding_name(target) if target is not None else None
-        if name is not None and names.matches(name):
-            found.add(name)
-    return frozenset(found)
 
 
 def static_name(node: cst.BaseExpression) -> str | None:
