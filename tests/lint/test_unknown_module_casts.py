@@ -129,7 +129,11 @@ def _findings(root: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
     )
     assert done.returncode in {0, 1}, done.stderr
     return sorted(
-        (Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(), f["location"]["row"], f["code"])
+        (
+            Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(),
+            f["location"]["row"],
+            f["code"],
+        )
         for f in json.loads(done.stdout)
     )
 
@@ -168,7 +172,10 @@ def test_a_cast_of_self_in_a_mixin_of_a_gate_buffer_class_is_reported(tmp_path: 
 @pytest.mark.parametrize(
     ("body", "reported"),
     [
-        ("model = Transformer.from_name(name)\n    model.setup_caches(2)\n    return model.half()", True),
+        (
+            "model = Transformer.from_name(name)\n    model.setup_caches(2)\n    return model.half()",
+            True,
+        ),
         ("model = Transformer.from_name(name)\n    return model.half()", False),
     ],
     ids=["after-setup", "before-setup"],
