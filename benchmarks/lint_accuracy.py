@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3")
+HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",

@@ -267,3 +267,30 @@ def dotted(node: ast.expr) -> str:
         head = dotted(node.value)
         return f"{head}.{node.attr}" if head else ""
     return ""
+
+
+def constructors(cls: ast.ClassDef) -> list[str]:
+    """The class's classmethods that return an instance of it: ``return cls(config)``, or
+    annotated to return the class (``def from_name(cls, name) -> "Transformer"``)."""
+    found: list[str] = []
+    for statement in cls.body:
+        if not isinstance(statement, ast.FunctionDef) or not any(
+            dotted(d) == "classmethod" for d in statement.decorator_list
+        ):
+            continue
+        returns = statement.returns
+        if isinstance(returns, ast.Constant):
+            annotated = str(returns.value)
+        else:
+            annotated = dotted(returns) if returns is not None else ""
+        first = statement.args.args[0].arg if statement.args.args else "cls"
+        made = any(
+            isinstance(node, ast.Return)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id == first
+            for node in ast.walk(statement)
+        )
+        if made or annotated in {cls.name, "Self", "typing.Self", "typing_extensions.Self"}:
+            found.append(statement.name)
+    return found

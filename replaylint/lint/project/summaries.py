@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from replaylint.lint.project.module_facts import dotted, module_facts
+from replaylint.lint.project.module_facts import constructors, dotted, module_facts
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -367,40 +367,13 @@ class _Summariser:
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
         flags["fields"] = _positional_fields(cls) if flags["record"] else None
-        flags["constructors"] = _constructors(cls)
+        flags["constructors"] = constructors(cls)
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
             flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
         return ["class", cls.lineno, members, flags]
 
     def _member_value(self, node: ast.expr) -> Value:
         return _Values(self, {}, in_class=True).value(node)
-
-
-def _constructors(cls: ast.ClassDef) -> list[str]:
-    """The class's classmethods that return an instance of it: ``return cls(config)``, or
-    annotated to return the class (``def from_name(cls, name) -> "Transformer"``)."""
-    found: list[str] = []
-    for statement in cls.body:
-        if not isinstance(statement, ast.FunctionDef) or not any(
-            _decorator_name(d) == "classmethod" for d in statement.decorator_list
-        ):
-            continue
-        returns = statement.returns
-        if isinstance(returns, ast.Constant):
-            annotated = str(returns.value)
-        else:
-            annotated = dotted(returns) if returns is not None else ""
-        first = statement.args.args[0].arg if statement.args.args else "cls"
-        made = any(
-            isinstance(node, ast.Return)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-            and node.value.func.id == first
-            for node in ast.walk(statement)
-        )
-        if made or annotated in {cls.name, "Self", "typing.Self", "typing_extensions.Self"}:
-            found.append(statement.name)
-    return found
 
 
 def _compares_dtype(test: ast.expr) -> bool:

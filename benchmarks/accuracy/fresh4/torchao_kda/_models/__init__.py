@@ -1,0 +1,1 @@
+"""Reference models (gpt-fast style) used by the benchmarks and tests."""
