@@ -228,3 +228,82 @@ def test_an_element_of_a_tuple_that_a_policy_with_several_returns_gives(tmp_path
     found = _findings(tmp_path, _package({"pkg/policy.py": _POLICY, "pkg/pool.py": _POOL}))
     assert ("pkg/pool.py", 9, "RL002") in found or ("pkg/pool.py", 9, "RL001") in found
     assert not any(path == "pkg/pool.py" and row == 16 for path, row, _ in found)
+
+
+_CONTAINER_MODEL = """
+import torch
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+
+
+class KeptMixer(Mixer):
+    def _apply(self, fn, recurse=True):
+        kept = self.g_cache
+        super()._apply(fn, recurse)
+        self.g_cache = kept.float()
+        return self
+
+
+class CausalLM(nn.Module):
+    def __init__(self, static):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList([Mixer() for _ in range(2)])
+        mixer_cls = KeptMixer if static else Mixer
+        self.model.extra = mixer_cls()
+
+
+class ChoiceLM(nn.Module):
+    def __init__(self, static):
+        super().__init__()
+        mixer_cls = KeptMixer if static else Mixer
+        self.mixer = mixer_cls()
+
+
+class FastModel:
+    @staticmethod
+    def for_inference(model):
+        for module in model.modules():
+            if isinstance(module, Mixer):
+                module.g_cache = module.g_cache.float()
+        return model
+"""
+
+_CASTS = """
+import torch
+
+from .modeling import CausalLM, ChoiceLM, FastModel
+
+
+def plain(static):
+    return CausalLM(static).to(torch.bfloat16)
+
+
+def recast(static):
+    return FastModel.for_inference(CausalLM(static).to(torch.bfloat16))
+
+
+def recast_later(static):
+    model = CausalLM(static)
+    model = model.half()
+    return FastModel.for_inference(model)
+
+
+def choice(static):
+    return ChoiceLM(static).half()
+"""
+
+
+def test_layers_of_a_container_attribute_and_casts_undone_at_once(tmp_path: Path) -> None:
+    found = _findings(
+        tmp_path, _package({"pkg/modeling.py": _CONTAINER_MODEL, "pkg/casts.py": _CASTS})
+    )
+    rows = sorted(row for path, row, code in found if path == "pkg/casts.py" and code == "RL004")
+    # `self.model.layers` holds the mixers; `for_inference` puts `g_cache` back to float32;
+    # a choice of classes one of which keeps its gate buffer is not a certain conversion
+    assert rows == [7]

@@ -12,7 +12,7 @@ of a class with base classes records, from the class's own text (``ast``, no eva
 ``holds``
     ``[[attribute, [callee, ...]], ...]``: what its methods build into attributes of ``self``
     (``self.layers = nn.ModuleList([Layer(...) for ...])``, ``add_module(f"layer{i}", Layer())``,
-    ``self.blocks.append(Block())``); every callee is kept as a summary value, and the importer
+    ``self.blocks.append(Block())``, ``self.model.layers = ...`` of a container module); every callee is kept as a summary value, and the importer
     keeps only those that resolve to classes of the project;
 ``installs``
     ``[[attribute, [callee, ...], method], ...]``: what ``method`` builds into attributes of the
@@ -55,6 +55,8 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     holds: dict[str, list[Value]] = {}
     installs: dict[tuple[str, str], list[Value]] = {}
 
+    aliases = _class_aliases(cls)
+
     def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
         callees = holds.setdefault(attribute, []) if into is None else into
         for node in ast.walk(expr):
@@ -62,6 +64,9 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                 return
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
                 callees.append(value_of(node.func))
+                choices = aliases.get(node.func.id, ()) if isinstance(node.func, ast.Name) else ()
+                if choices:  # `cache_cls(...)` of `cache_cls = A if c else B`: one of them
+                    callees.append(["either", [value_of(choice) for choice in choices], False])
 
     parts = _parts_of_self(cls)
     method_of = {
@@ -91,6 +96,10 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 attribute = _self_attribute(target)
+                nested = dotted(target) if isinstance(target, ast.Attribute) else ""
+                if attribute is None and nested.startswith("self."):
+                    hold(nested.removeprefix("self."), node.value)  # `self.model.layers = ...`
+                    continue
                 if attribute is None:
                     part = _part_attribute(target, parts)
                     if part is not None:
@@ -194,6 +203,27 @@ def _written_name(node: ast.expr) -> str | None:
     return None
 
 
+def _class_aliases(cls: ast.ClassDef) -> dict[str, list[ast.expr]]:
+    """Locals of the class's methods bound to a class name or a choice of them (``cache_cls =
+    StaticCache if static else Cache``): what a call of the local may build."""
+    aliases: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(cls):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
+            continue
+        choices = [node.value]
+        while choices and isinstance(choices[-1], ast.IfExp):
+            last = choices.pop()
+            assert isinstance(last, ast.IfExp)
+            choices += [last.body, last.orelse]
+        if choices and all(isinstance(c, (ast.Name, ast.Attribute)) for c in choices):
+            aliases.setdefault(node.targets[0].id, []).extend(choices)
+    return aliases
+
+
 def _parts_of_self(cls: ast.ClassDef) -> frozenset[str]:
     """Local names of the class's methods bound to parts of ``self`` (``for block in
     self.layers``, ``attention = block.attention``), followed to a fixed point."""
@@ -294,3 +324,43 @@ def constructors(cls: ast.ClassDef) -> list[str]:
         if made or annotated in {cls.name, "Self", "typing.Self", "typing_extensions.Self"}:
             found.append(statement.name)
     return found
+
+
+def restorers(tree: ast.Module) -> dict[str, list[str]]:
+    """Functions and methods (``"for_inference"``, ``"FastModel.for_inference"``) of the module
+    that put attributes back to float32 (``module.g_cache = module.g_cache.float()``), with
+    those attributes: a module cast whose result goes straight into one is undone for them."""
+    found: dict[str, list[str]] = {}
+    functions: list[tuple[str, ast.FunctionDef]] = []
+    for statement in tree.body:
+        if isinstance(statement, ast.FunctionDef):
+            functions.append((statement.name, statement))
+        elif isinstance(statement, ast.ClassDef):
+            functions += [
+                (f"{statement.name}.{member.name}", member)
+                for member in statement.body
+                if isinstance(member, ast.FunctionDef)
+            ]
+    for name, function in functions:
+        restored = sorted(
+            {
+                target.attr
+                for node in ast.walk(function)
+                if isinstance(node, ast.Assign) and _makes_float32(node.value)
+                for target in node.targets
+                if isinstance(target, ast.Attribute)
+            }
+        )
+        if restored:
+            found[name] = restored
+    return found
+
+
+def _makes_float32(value: ast.expr) -> bool:
+    """``x.float()``, ``x.to(torch.float32)``, ``x.to(dtype=torch.float32)``."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)):
+        return False
+    if value.func.attr == "float" and not value.args:
+        return True
+    written = [*value.args, *(keyword.value for keyword in value.keywords)]
+    return value.func.attr == "to" and any(dotted(arg).endswith("float32") for arg in written)

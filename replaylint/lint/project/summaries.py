@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from replaylint.lint.project.module_facts import constructors, dotted, module_facts
+from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -42,7 +42,8 @@ Summary = dict[str, Any]
 module, at any depth; ``name`` is None for ``import module``; ``writes_names``: whether a
 ``setattr`` of something other than ``self``/``cls`` may rebind the module's own names; ``lists``: attributes of ``self``
 that hold lists; ``loaders``: top-level functions that read tensors and cast nothing, with the
-callees that may read them)."""
+callees that may read them; ``restorers``: functions and methods that put attributes back to
+float32, with those attributes)."""
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
@@ -110,6 +111,7 @@ class _Summariser:
             "lists": sorted(self.lists),
             "imports": [list(item) for item in sorted(self.imports, key=str)],
             "loaders": self.loaders,
+            "restorers": restorers(self.tree),
         }
 
     # ------------------------------------------------------------------ top-level statements

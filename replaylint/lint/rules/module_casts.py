@@ -4,7 +4,8 @@ One question per cast call, answered from the most to the least that is known of
 an instance of a gate-buffer class of this module (or of a class that holds one through its
 submodules), an instance of such a class imported from another module of the project, and a
 module of no known class (``model: nn.Module``, ``self`` in a mixin) in a project or module
-whose classes hold a gate buffer. A guarded instance is never reported.
+whose classes hold a gate buffer. A guarded instance is never reported, nor a cast whose result
+goes straight into a function that puts the gate buffer back to float32 (:mod:`replaylint.lint.dataflow.recasts`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
 from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.dataflow.recasts import undone_for
 from replaylint.lint.dataflow.submodules import (
     GateBufferHolders,
     gate_buffer_holders,
@@ -63,7 +65,9 @@ class ModuleCasts:
                 prov, call, site, holders
             )
             if cast is not None:
-                if guarded_instance(prov, call, site):
+                if guarded_instance(prov, call, site) or undone_for(
+                    prov, call, site, cast.buffer.name
+                ):
                     return None
                 fix = protect_before_cast(module, call, cast.buffer.name)
                 return ModuleCastFinding(module_cast_message(self._context, call, cast), fix)
@@ -72,7 +76,7 @@ class ModuleCasts:
             return None
         if prov.imports_gate_buffer_holder():
             imported = imported_gate_buffer(prov, call.func.value, site)
-            if imported is not None:
+            if imported is not None and not undone_for(prov, call, site, imported.name):
                 message = imported_cast_message(module, call, imported, dtypes)
                 return ModuleCastFinding(message, protect_before_cast(module, call, imported.name))
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
@@ -109,6 +113,8 @@ class ModuleCasts:
             if owner is not None:
                 index.summary(owner)  # the finding depends on the holder's module
         else:
+            return None
+        if undone_for(prov, call, site, name):
             return None
         others = {buffer.name for buffer in holders.buffers.values()}
         if index is not None:

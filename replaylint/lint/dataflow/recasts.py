@@ -1,0 +1,137 @@
+"""Module casts undone at once: the cast model handed to a function that puts its gate buffers back.
+
+``FastModel.for_inference(model.to(torch.bfloat16))`` casts every buffer, then sets
+``module.g_cache = module.g_cache.float()`` on each layer: the gate buffers end float32. A cast
+is undone for a gate buffer when its result, or the name it is bound to or casts, is passed in
+the same scope to a function or method (of this module, or of another module of the project
+through its summary) that assigns a float32 value (``.float()``, ``.to(torch.float32)``) to an
+attribute of that name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.imported import MALFORMED, as_value
+from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.project.index import Found
+from replaylint.lint.syntax.nodes import binding_name, dotted_name
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants, syntax_children
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+
+def undone_for(prov: Provenance, call: cst.Call, site: Site, buffer: str) -> bool:
+    """Whether the module cast ``call`` is undone for the gate buffer named ``buffer`` by a
+    function its result goes into."""
+    takers = _takers(call, site, _names_of_result(call, site))
+    return any(buffer in _restored(prov, taker.func, site) for taker in takers)
+
+
+def _names_of_result(call: cst.Call, site: Site) -> set[str]:
+    """The name the cast module is (``model.half()``), and the names its result is bound to."""
+    names: set[str] = set()
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    if isinstance(receiver, cst.Name):
+        names.add(receiver.value)
+    statement = site.statement
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and any(n is call for n in descendants(small.value)):
+                names.update(
+                    name for t in small.targets if (name := binding_name(t.target)) is not None
+                )
+    return names
+
+
+def _takers(call: cst.Call, site: Site, names: set[str]) -> Iterator[cst.Call]:
+    """Calls of the scope given the cast's result or one of ``names`` as an argument."""
+    stack: list[cst.CSTNode] = [site.scope]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call) and node is not call:
+            for arg in node.args:
+                value = arg.value
+                if value is call or (isinstance(value, cst.Name) and value.value in names):
+                    yield node
+                    break
+        stack.extend(syntax_children(node))
+
+
+def _restored(prov: Provenance, func: cst.BaseExpression, site: Site) -> set[str]:
+    """The attributes the function ``func`` names puts back to float32."""
+    local = _local_function(prov, func, site)
+    if local is not None:
+        return _restored_by(local)
+    if prov.project is None:
+        return set()
+    try:
+        return _project_restored(prov, func, site)
+    except MALFORMED:
+        return set()
+
+
+def _local_function(
+    prov: Provenance, func: cst.BaseExpression, site: Site
+) -> cst.FunctionDef | None:
+    """``helper`` or ``Helper.method`` defined in this module."""
+    head = func.value if isinstance(func, cst.Attribute) else func
+    if not isinstance(head, cst.Name):
+        return None
+    for binding, _ in prov.lookup(head.value, site) or ():
+        node = binding.node
+        if binding.kind != "definition":
+            continue
+        if isinstance(node, cst.FunctionDef) and head is func:
+            return node
+        if isinstance(node, cst.ClassDef) and isinstance(func, cst.Attribute):
+            for member in node.body.body if isinstance(node.body, cst.IndentedBlock) else ():
+                if isinstance(member, cst.FunctionDef) and member.name.value == func.attr.value:
+                    return member
+    return None
+
+
+def _restored_by(function: cst.FunctionDef) -> set[str]:
+    found: set[str] = set()
+    for node in descendants(function.body):
+        if isinstance(node, cst.Assign) and _makes_float32(node.value):
+            found.update(
+                t.target.attr.value for t in node.targets if isinstance(t.target, cst.Attribute)
+            )
+    return found
+
+
+def _makes_float32(value: cst.BaseExpression) -> bool:
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)):
+        return False
+    if value.func.attr.value == "float" and not value.args:
+        return True
+    return value.func.attr.value == "to" and any(
+        (dotted_name(arg.value) or "").endswith("float32") for arg in value.args
+    )
+
+
+def _project_restored(prov: Provenance, func: cst.BaseExpression, site: Site) -> set[str]:
+    """Through the summary of the module that defines ``func`` (a function, or a method of a
+    class, imported)."""
+    assert prov.project is not None
+    index = prov.project.index
+    method = func.attr.value if isinstance(func, cst.Attribute) else None
+    head = func.value if isinstance(func, cst.Attribute) else func
+    value = as_value(prov, head, site, NO_ENV)
+    if value is None or value[0] != "ref":
+        return set()
+    target = prov.project.resolve(str(value[2]))
+    if not isinstance(target, Found):
+        return set()
+    summary = index.summary(target.module)
+    table = summary.get("restorers", {}) if summary is not None else {}
+    key = f"{target.name}.{method}" if method is not None else target.name
+    return set(table.get(key, ()))
