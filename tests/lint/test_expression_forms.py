@@ -294,3 +294,24 @@ def test_an_element_of_a_list_a_method_builds_and_returns_is_replaced_not_copied
     # `_gate_cache` is the list `_init_caches` returns: its element is replaced by the load;
     # `g_cache` is one tensor, and the item assignment copies into it (and casts)
     assert _findings(_UNPACKED_LISTS) == [(20, "RL005")]
+
+
+def test_a_loop_over_a_class_constant_of_ring_names_shares_one_dtype() -> None:
+    source = """
+    import torch
+
+
+    class Cache:
+        ring_names = ("d_cache", "k_cache", "g_cache")
+        fp32_names = ("d_cache", "k_cache")
+
+        def resize(self, n):
+            dtype = self.d_cache.dtype
+            return {name: torch.zeros(n, dtype=dtype) for name in self.ring_names}
+
+        def other(self, n):
+            dtype = self.d_cache.dtype
+            return {name: torch.zeros(n, dtype=dtype) for name in self.fp32_names}
+    """
+    # only the loop whose names include the gate cache gives it the shared dtype
+    assert _findings(source) == [(10, "RL006")]

@@ -225,6 +225,9 @@ def _literal_items(
         if binding.value is None:
             return None
         return _literal_items(prov, binding.value, binding_site, depth + 1)
+    constant = _class_constant(prov, expr, site)
+    if constant is not None:  # `for name in self.ring_names` of `ring_names = (...)` in the class
+        return _literal_items(prov, constant, site, depth + 1)
     if not isinstance(expr, cst.Call):
         return None
     args = positional_args(expr)
@@ -362,3 +365,31 @@ def _match(
 
 def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:
     return cst.Tuple([cst.Element(first), cst.Element(second)])
+
+
+def _class_constant(
+    prov: Provenance, expr: cst.BaseExpression, site: Site
+) -> cst.BaseExpression | None:
+    """The value of ``self.X`` when the enclosing class binds ``X`` once in its body and the
+    module never assigns an attribute ``X``."""
+    if not (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
+    ):
+        return None
+    owner = site.enclosing_class()
+    name = expr.attr.value
+    if owner is None or prov.index.assigns_attribute(name):
+        return None
+    values = [
+        small.value
+        for statement in (owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ())
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+        if isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+        and small.targets[0].target.value == name
+    ]
+    return values[0] if len(values) == 1 else None
