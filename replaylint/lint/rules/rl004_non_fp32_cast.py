@@ -9,7 +9,7 @@ from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.module_casts import ModuleCasts
+from replaylint.lint.rules.module_casts import MODULE_CAST_INVALID, MODULE_CAST_VALID, ModuleCasts
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
@@ -53,11 +53,17 @@ an `nn.ModuleList`, `nn.ModuleDict`, `nn.Sequential`, list or comprehension, thr
 `add_module`/`setattr`, a layer-class table (`ATTENTION_CLASSES[kind](config)`) or a base class,
 at any depth. The model may be built directly, by `cls(...)` in a classmethod
 (`KimiModel.from_pretrained(...)`), by a factory function or method of the module, or come in as
-an annotated parameter (`model: KimiModel`), `self` or `self.model`. The cast is reported where it
-is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
+an annotated parameter (`model: KimiModel`), `self` or `self.model`. A part that a setup method
+installs after construction (`for block in self.layers: block.attention.kv_cache = Cache(...)` in
+`setup_caches`) counts once that method has been called on the instance. A module of no known
+class counts too when the module or the project has gate-buffer classes: `model: nn.Module` cast
+by a precision wrapper, or `self` cast in a mixin or base class of a gate-buffer class. The cast
+is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
 buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
 `replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
-puts them back to float32; nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
+puts them back to float32; nor when the cast's result goes straight into a function that puts
+them back (`FastModel.for_inference(model.half())` setting `module.g_cache =
+module.g_cache.float()`); nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
 cast is to float32 or float64 (which loses nothing; the kernel refuses float64 with an error), or
 the gate buffer is registered in another dtype already (reported where it is registered).
 """
@@ -143,97 +149,13 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         Valid(
             """
             import torch
-            from torch import nn
-            from replaylint.guards import keep_fp32_gate_caches
-
-            class Ring(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-                    self.register_buffer("slot_ids", torch.zeros(shape[0], dtype=torch.long))
-
-            @keep_fp32_gate_caches
-            class GuardedRing(Ring):
-                pass
-
-            def load(shape, device):
-                # a device move, a float32 cast, a guarded class: the gate buffer stays float32
-                ring = Ring(shape).to(device)
-                ring.float()
-                return GuardedRing(shape).to(device, torch.bfloat16)
-            """
-        ),
-        Valid(
-            """
-            import torch
 
             def move(g_cache, device):
                 moved = {"device": device, "dtype": torch.float32}
                 return {"g_cache": g_cache.to(**moved), "d_cache": g_cache.view(torch.float32)}
             """
         ),
-        Valid(
-            """
-            import torch
-            from torch import nn
-
-            _GATE_DTYPE = torch.float
-
-            def gate_dtype():
-                return _GATE_DTYPE
-
-            class Ring(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-
-                def _apply(self, fn, recurse=True):
-                    # the class decides what a module cast does: it keeps its gate ring
-                    g_cache = self.g_cache
-                    super()._apply(fn, recurse)
-                    self.g_cache = g_cache.to(device=self.g_cache.device)
-                    return self
-
-            def snapshot(shape, saved):
-                # a helper of the module that returns float32
-                g_cache = saved.clone().to(dtype=gate_dtype())
-                return Ring(shape).to(torch.bfloat16), g_cache
-            """
-        ),
-        Valid(
-            """
-            import torch
-            from torch import nn
-            from replaylint.guards import keep_fp32_gate_caches
-
-            class KimiDeltaAttention(nn.Module):
-                def __init__(self, config, layer_idx):
-                    super().__init__()
-                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-            class KimiModel(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.layers = nn.ModuleList(
-                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                    )
-
-            class KimiModelFp32Gates(KimiModel):
-                def _apply(self, fn, recurse=True):
-                    # puts every layer's gate ring back to float32 after the cast
-                    super()._apply(fn, recurse)
-                    for layer in self.layers:
-                        layer.replay_g_cache = layer.replay_g_cache.float()
-                    return self
-
-            def load(config, device):
-                # a device move, a float64 cast, a class and an instance that keep float32
-                KimiModel(config).to(device).double()
-                KimiModelFp32Gates(config).to(torch.bfloat16)
-                model = KimiModel(config).half()
-                return keep_fp32_gate_caches(model)
-            """
-        ),
+        *MODULE_CAST_VALID,
     )
     INVALID = (
         Invalid(
@@ -337,74 +259,12 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         Invalid(
             """
             import torch
-            from torch import nn
-
-            class MambaPool(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
-
-            def build(shape, device):
-                # the module cast converts the float32 gate buffer: reported where it is cast
-                pool = MambaPool(shape).to(device)
-                pool.to(device, torch.bfloat16)
-                return pool
-            """,
-            expected_fix="""
-            import replaylint.guards
-            import torch
-            from torch import nn
-
-            class MambaPool(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
-
-            def build(shape, device):
-                # the module cast converts the float32 gate buffer: reported where it is cast
-                pool = MambaPool(shape).to(device)
-                replaylint.guards.keep_fp32_gate_caches(pool).to(device, torch.bfloat16)
-                return pool
-            """,
-            message_contains="keep_fp32_gate_caches",
-        ),
-        Invalid(
-            """
-            import torch
 
             def as_wire_format(pool):
                 # reinterprets the float32 bits: reported, no fix
                 pool.g_cache = pool.raw_ring.view(torch.bfloat16)
             """,
             message_contains="reinterprets",
-        ),
-        Invalid(
-            """
-            import torch
-            from torch import nn
-
-            class KimiDeltaCache(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
-
-            def build(shape):
-                return KimiDeltaCache(shape).half()
-            """,
-            expected_fix="""
-            import replaylint.guards
-            import torch
-            from torch import nn
-
-            class KimiDeltaCache(nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
-
-            def build(shape):
-                return replaylint.guards.keep_fp32_gate_caches(KimiDeltaCache(shape)).half()
-            """,
-            message_contains="registered on line 7",
         ),
         Invalid(
             """
@@ -418,119 +278,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             """,
             message_contains="`.view(dtype)`, which reinterprets",
         ),
-        Invalid(
-            """
-            import torch
-            from torch import nn
-
-            class KimiDeltaAttention(nn.Module):
-                def __init__(self, config, layer_idx):
-                    super().__init__()
-                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-            class KimiModel(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.layers = nn.ModuleList(
-                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                    )
-
-            def load(config):
-                # the cast recurses into every layer: reported with the path to the buffer
-                model = KimiModel(config)
-                model = model.to(torch.bfloat16)
-                return model
-            """,
-            expected_fix="""
-            import replaylint.guards
-            import torch
-            from torch import nn
-
-            class KimiDeltaAttention(nn.Module):
-                def __init__(self, config, layer_idx):
-                    super().__init__()
-                    self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-            class KimiModel(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.layers = nn.ModuleList(
-                        [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                    )
-
-            def load(config):
-                # the cast recurses into every layer: reported with the path to the buffer
-                model = KimiModel(config)
-                model = replaylint.guards.keep_fp32_gate_caches(model).to(torch.bfloat16)
-                return model
-            """,
-            message_contains="`model.to(torch.bfloat16)` casts the gate buffer `replay_g_cache` "
-            "of `KimiDeltaAttention` (registered on line 7), held by `KimiModel.layers`",
-        ),
-        Invalid(
-            """
-            import torch
-            from torch import nn
-
-            class KDAMixer(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
-
-            class DecoderLayer(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.mixer = KDAMixer(config)
-
-            class KimiForCausalLM(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    for i in range(config.num_layers):
-                        self.add_module(f"layer{i}", DecoderLayer(config))
-
-                @classmethod
-                def from_config(cls, config):
-                    return cls(config)
-
-            def to_model_dtype(model: KimiForCausalLM, config):
-                model.to(config.torch_dtype)
-
-            def fp16_inference(config):
-                return KimiForCausalLM.from_config(config).half()
-            """,
-            expected_fix="""
-            import replaylint.guards
-            import torch
-            from torch import nn
-
-            class KDAMixer(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
-
-            class DecoderLayer(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    self.mixer = KDAMixer(config)
-
-            class KimiForCausalLM(nn.Module):
-                def __init__(self, config):
-                    super().__init__()
-                    for i in range(config.num_layers):
-                        self.add_module(f"layer{i}", DecoderLayer(config))
-
-                @classmethod
-                def from_config(cls, config):
-                    return cls(config)
-
-            def to_model_dtype(model: KimiForCausalLM, config):
-                replaylint.guards.keep_fp32_gate_caches(model).to(config.torch_dtype)
-
-            def fp16_inference(config):
-                return replaylint.guards.keep_fp32_gate_caches(KimiForCausalLM.from_config(config)).half()
-            """,
-            message_contains="held by `DecoderLayer.mixer`, itself held by `KimiForCausalLM.layer{i}`",
-        ),
+        *MODULE_CAST_INVALID,
     )
 
     def __init__(self, context: FileContext) -> None:
