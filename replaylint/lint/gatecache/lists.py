@@ -43,9 +43,13 @@ def maybe_list_words(source: str) -> frozenset[str]:
 
 def list_names(module: cst.Module, names: GateCacheNames) -> frozenset[str]:
     found: set[str] = set()
+    unpacking: list[tuple[str, cst.Tuple | cst.List]] = []
+    functions: dict[str, list[cst.FunctionDef]] = {}
     for node in descendants(module):
         target: cst.BaseExpression | None = None
-        if isinstance(node, cst.Call) and method_name(node) in ADDED_ELEMENT:
+        if isinstance(node, cst.FunctionDef):
+            functions.setdefault(node.name.value, []).append(node)
+        elif isinstance(node, cst.Call) and method_name(node) in ADDED_ELEMENT:
             assert isinstance(node.func, cst.Attribute)
             target = node.func.value
         elif isinstance(node, (cst.Assign, cst.AnnAssign)) and isinstance(
@@ -55,39 +59,50 @@ def list_names(module: cst.Module, names: GateCacheNames) -> frozenset[str]:
             target = node.target if isinstance(node, cst.AnnAssign) else None
             if len(targets) == 1:
                 target = targets[0].target
+        elif isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            unpacking.extend(_unpacked_from_call(node, names))
         name = binding_name(target) if target is not None else None
         if name is not None and names.matches(name):
             found.add(name)
-    found.update(_unpacked_lists(module, names))
+    # `self._d, self._gate = self._init_caches()` of a method that appends to `gate` and returns
+    # `d, gate`: the names in the places where it returns a list it builds
+    for called, written in unpacking:
+        positions = {p for function in functions.get(called, ()) for p in _list_positions(function)}
+        for position, element in enumerate(written.elements):
+            name = binding_name(element.value)
+            if position in positions and name is not None and names.matches(name):
+                found.add(name)
     return frozenset(found)
 
 
-def _unpacked_lists(module: cst.Module, names: GateCacheNames) -> set[str]:
-    """Gate-cache names unpacked from a call of a function of the module at a place where it
-    returns a list it builds (``self._d, self._gate = self._init_caches()`` of a method that
-    appends to ``gate`` and returns ``d, gate``)."""
-    positions: dict[str, set[int]] = {}
-    for node in descendants(module):
-        if not isinstance(node, cst.FunctionDef):
-            continue
-        built = _built_lists(node)
-        for inner in descendants(node.body):
-            if isinstance(inner, cst.Return) and isinstance(inner.value, cst.Tuple):
-                for position, element in enumerate(inner.value.elements):
-                    if isinstance(element.value, cst.Name) and element.value.value in built:
-                        positions.setdefault(node.name.value, set()).add(position)
-    found: set[str] = set()
-    for node in descendants(module) if positions else ():
-        if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)):
-            continue
-        called = method_name(node.value) or binding_name(node.value.func) or ""
-        for target in node.targets if called in positions else ():
-            if isinstance(target.target, (cst.Tuple, cst.List)):
-                for position, element in enumerate(target.target.elements):
-                    name = binding_name(element.value)
-                    if position in positions[called] and name is not None and names.matches(name):
-                        found.add(name)
-    return found
+def _unpacked_from_call(
+    node: cst.Assign, names: GateCacheNames
+) -> list[tuple[str, cst.Tuple | cst.List]]:
+    """The called function's name and each tuple target of ``a, g_cache = f(...)`` that
+    unpacks a gate-cache name."""
+    assert isinstance(node.value, cst.Call)
+    called = method_name(node.value) or binding_name(node.value.func) or ""
+    return [
+        (called, target.target)
+        for target in node.targets
+        if isinstance(target.target, (cst.Tuple, cst.List))
+        and any(
+            (name := binding_name(e.value)) is not None and names.matches(name)
+            for e in target.target.elements
+        )
+    ]
+
+
+def _list_positions(function: cst.FunctionDef) -> set[int]:
+    """The positions of the tuples ``function`` returns that hold a list it builds."""
+    built = _built_lists(function)
+    return {
+        position
+        for node in descendants(function.body)
+        if isinstance(node, cst.Return) and isinstance(node.value, cst.Tuple)
+        for position, element in enumerate(node.value.elements)
+        if isinstance(element.value, cst.Name) and element.value.value in built
+    }
 
 
 def _built_lists(function: cst.FunctionDef) -> set[str]:

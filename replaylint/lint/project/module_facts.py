@@ -55,7 +55,8 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     holds: dict[str, list[Value]] = {}
     installs: dict[tuple[str, str], list[Value]] = {}
 
-    aliases = _class_aliases(cls)
+    nodes = list(ast.walk(cls))
+    aliases = _class_aliases(nodes)
 
     def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
         callees = holds.setdefault(attribute, []) if into is None else into
@@ -68,14 +69,18 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                 if choices:  # `cache_cls(...)` of `cache_cls = A if c else B`: one of them
                     callees.append(["either", [value_of(choice) for choice in choices], False])
 
-    parts = _parts_of_self(cls)
-    method_of = {
-        id(node): statement.name
-        for statement in cls.body
-        if isinstance(statement, ast.FunctionDef)
-        for node in ast.walk(statement)
-    }
-    for node in ast.walk(cls):
+    parts = _parts_of_self(nodes)
+    method_of = (
+        {
+            id(node): statement.name
+            for statement in cls.body
+            if isinstance(statement, ast.FunctionDef)
+            for node in ast.walk(statement)
+        }
+        if parts
+        else {}
+    )
+    for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, args = node.func.attr, node.args
             if method == "register_buffer" and len(args) >= 2:
@@ -203,11 +208,11 @@ def _written_name(node: ast.expr) -> str | None:
     return None
 
 
-def _class_aliases(cls: ast.ClassDef) -> dict[str, list[ast.expr]]:
+def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
     """Locals of the class's methods bound to a class name or a choice of them (``cache_cls =
     StaticCache if static else Cache``): what a call of the local may build."""
     aliases: dict[str, list[ast.expr]] = {}
-    for node in ast.walk(cls):
+    for node in nodes:
         if not (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
@@ -224,11 +229,11 @@ def _class_aliases(cls: ast.ClassDef) -> dict[str, list[ast.expr]]:
     return aliases
 
 
-def _parts_of_self(cls: ast.ClassDef) -> frozenset[str]:
+def _parts_of_self(nodes: list[ast.AST]) -> frozenset[str]:
     """Local names of the class's methods bound to parts of ``self`` (``for block in
     self.layers``, ``attention = block.attention``), followed to a fixed point."""
     bindings: list[tuple[ast.expr, ast.expr]] = []
-    for node in ast.walk(cls):
+    for node in nodes:
         if isinstance(node, (ast.For, ast.comprehension)):
             target, source = node.target, node.iter
             if (  # `for i, block in enumerate(self.layers)`

@@ -72,10 +72,14 @@ class ModuleCasts:
                     return None
                 fix = protect_before_cast(module, call, cast.buffer.name)
                 return ModuleCastFinding(module_cast_message(self._context, call, cast), fix)
+        imports_holder = prov.imports_gate_buffer_holder()
+        index = prov.project.index if prov.project is not None else None
+        if not (holders.buffers or imports_holder or (index is not None and index.holder_names)):
+            return None  # no gate-buffer class this cast could convert: its dtype is not asked
         dtypes = module_cast_dtypes(prov, call, site)
         if dtypes is None or guarded_instance(prov, call, site):
             return None
-        if prov.imports_gate_buffer_holder():
+        if imports_holder:
             imported = imported_gate_buffer(prov, call.func.value, site)
             if imported is not None and not undone_for(prov, call, site, imported.name):
                 message = imported_cast_message(module, call, imported, dtypes)
