@@ -15,6 +15,9 @@ module of no known class (``model: nn.Module``, ``self.to(...)``) is analysed as
 
 A result cached for a file that was ruled out holds until that file changes: a class that starts
 to hold a gate buffer later is seen by its importers when they change, or with ``--no-cache``.
+The holders are found from the files read in the run, so in a run with the cache where no file
+that names a gate cache changed, this stage does not run: a changed file that casts a model is
+then analysed only when an earlier stage lets it through (``--no-cache`` sees it).
 """
 
 from __future__ import annotations
