@@ -265,6 +265,17 @@ class ChoiceLM(nn.Module):
         self.mixer = mixer_cls()
 
 
+class BothLM(nn.Module):
+    def __init__(self, static):
+        super().__init__()
+        mixer_cls = WideMixer if static else Mixer
+        self.mixer = mixer_cls()
+
+
+class WideMixer(Mixer):
+    pass
+
+
 class FastModel:
     @staticmethod
     def for_inference(model):
@@ -277,7 +288,7 @@ class FastModel:
 _CASTS = """
 import torch
 
-from .modeling import CausalLM, ChoiceLM, FastModel
+from .modeling import BothLM, CausalLM, ChoiceLM, FastModel
 
 
 def plain(static):
@@ -296,6 +307,10 @@ def recast_later(static):
 
 def choice(static):
     return ChoiceLM(static).half()
+
+
+def both(static):
+    return BothLM(static).half()
 """
 
 
@@ -305,5 +320,6 @@ def test_layers_of_a_container_attribute_and_casts_undone_at_once(tmp_path: Path
     )
     rows = sorted(row for path, row, code in found if path == "pkg/casts.py" and code == "RL004")
     # `self.model.layers` holds the mixers; `for_inference` puts `g_cache` back to float32;
-    # a choice of classes one of which keeps its gate buffer is not a certain conversion
-    assert rows == [7]
+    # a choice of classes one of which keeps its gate buffer is not a certain conversion; a
+    # choice of two classes that both hold one is
+    assert rows == [7, 25]

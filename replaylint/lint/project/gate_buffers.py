@@ -165,10 +165,7 @@ def _gate_buffer(
     inner: frozenset[str] | None = None if called is None else frozenset()
     for attribute, callees in [*facts["holds"], *installed]:
         for callee in callees:
-            part = class_value(index, found.module, callee)
-            held = (
-                None if part is None else _gate_buffer(index, matches, part, depth + 1, seen, inner)
-            )
+            held = _held_part(index, matches, found.module, callee, depth, seen, inner)
             if held is not None:
                 return ImportedGateBuffer(
                     found.name,
@@ -178,3 +175,26 @@ def _gate_buffer(
                     (f"{found.name}.{attribute}", *held.held_by),
                 )
     return None
+
+
+def _held_part(
+    index: ProjectIndex,
+    matches: Matches,
+    module: str,
+    callee: Value,
+    depth: int,
+    seen: set[tuple[str, str]],
+    called: frozenset[str] | None,
+) -> ImportedGateBuffer | None:
+    """The gate buffer a part that ``callee`` builds holds. For a choice of classes
+    (``["either", [class, ...]]`` of ``cache_cls = A if static else B``), only one that every
+    choice holds; each choice is searched on its own, since one that holds does not end the
+    search."""
+    if callee[0] == "either":
+        held = [
+            _held_part(index, matches, module, choice, depth, set(seen), called)
+            for choice in callee[1]
+        ]
+        return held[0] if held and all(h is not None for h in held) else None
+    part = class_value(index, module, callee)
+    return None if part is None else _gate_buffer(index, matches, part, depth + 1, seen, called)
