@@ -20,7 +20,7 @@ allocation the helper returns), never in the module that defines the policy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -426,17 +426,7 @@ def dtype_facts(
     prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
 ) -> tuple[DtypeFact, ...] | None:
     """The dtypes ``expr`` denotes through the project index; None when it does not say."""
-    if prov.project is None:
-        return None
-    evaluation = Evaluation(prov, expr)
-    try:
-        value = as_value(prov, expr, site, env)
-        if value is None:
-            return None
-        facts = evaluation.dtypes(value, Context(prov.project.module))
-    except (Unknown, *MALFORMED):
-        return None
-    return tuple(facts) or None
+    return _project_dtypes(prov, expr, lambda: as_value(prov, expr, site, env))
 
 
 def element_dtype_facts(
@@ -444,14 +434,27 @@ def element_dtype_facts(
 ) -> tuple[DtypeFact, ...] | None:
     """The dtypes of element ``position`` of what a call of a project function returns
     (``ring_dtype, gate_dtype = ring_dtypes(config)``); None when the index does not say."""
+
+    def element() -> Value | None:
+        call = as_value(prov, value, site, env)
+        return None if call is None else ["item", call, ["const", position]]
+
+    return _project_dtypes(prov, value, element)
+
+
+def _project_dtypes(
+    prov: Provenance, node: cst.BaseExpression, value_of: Callable[[], Value | None]
+) -> tuple[DtypeFact, ...] | None:
+    """The dtypes of the summary value ``value_of`` makes of ``node``, evaluated through the
+    project index; None when there is no value or the index does not say."""
     if prov.project is None:
         return None
-    evaluation = Evaluation(prov, value)
+    evaluation = Evaluation(prov, node)
     try:
-        call = as_value(prov, value, site, env)
-        if call is None:
+        value = value_of()
+        if value is None:
             return None
-        facts = evaluation.dtypes(["item", call, ["const", position]], Context(prov.project.module))
+        facts = evaluation.dtypes(value, Context(prov.project.module))
     except (Unknown, *MALFORMED):
         return None
     return tuple(facts) or None
