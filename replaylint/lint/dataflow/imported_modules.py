@@ -31,7 +31,7 @@ from replaylint.lint.project.gate_buffers import (
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import syntax_children
+from replaylint.lint.syntax.traversal import descendants
 
 __all__ = [
     "ImportedGateBuffer",
@@ -79,19 +79,14 @@ def _methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
         receiver = receiver.func.value  # `model.cuda().half()`
     if not isinstance(receiver, cst.Name):
         return frozenset()
-    called: set[str] = set()
-    stack: list[cst.CSTNode] = [site.scope]
-    while stack:
-        node = stack.pop()
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and isinstance(node.func.value, cst.Name)
-            and node.func.value.value == receiver.value
-        ):
-            called.add(node.func.attr.value)
-        stack.extend(syntax_children(node))
-    return frozenset(called)
+    return frozenset(
+        node.func.attr.value
+        for node in descendants(site.scope)
+        if isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and isinstance(node.func.value, cst.Name)
+        and node.func.value.value == receiver.value
+    )
 
 
 # ------------------------------------------------------------------ what the receiver is

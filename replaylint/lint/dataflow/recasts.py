@@ -20,7 +20,7 @@ from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import binding_name, dotted_name
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import descendants, syntax_children
+from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -53,16 +53,16 @@ def _names_of_result(call: cst.Call, site: Site) -> set[str]:
 
 def _takers(call: cst.Call, site: Site, names: set[str]) -> Iterator[cst.Call]:
     """Calls of the scope given the cast's result or one of ``names`` as an argument."""
-    stack: list[cst.CSTNode] = [site.scope]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Call) and node is not call:
-            for arg in node.args:
-                value = arg.value
-                if value is call or (isinstance(value, cst.Name) and value.value in names):
-                    yield node
-                    break
-        stack.extend(syntax_children(node))
+    for node in descendants(site.scope):
+        if (
+            isinstance(node, cst.Call)
+            and node is not call
+            and any(
+                arg.value is call or (isinstance(arg.value, cst.Name) and arg.value.value in names)
+                for arg in node.args
+            )
+        ):
+            yield node
 
 
 def _restored(prov: Provenance, func: cst.BaseExpression, site: Site) -> set[str]:

@@ -51,6 +51,8 @@ class ModuleCasts:
         self._context = context
         self._prov = prov
         self._holders: GateBufferHolders | None = None
+        self._bases: frozenset[str] | None = None
+        self._index = prov.project.index if prov.project is not None else None
 
     def finding(self, call: cst.Call, site: Site) -> ModuleCastFinding | None:
         """The finding for ``call`` when it casts a module holding a float32 gate buffer to a
@@ -73,7 +75,7 @@ class ModuleCasts:
                 fix = protect_before_cast(module, call, cast.buffer.name)
                 return ModuleCastFinding(module_cast_message(self._context, call, cast), fix)
         imports_holder = prov.imports_gate_buffer_holder()
-        index = prov.project.index if prov.project is not None else None
+        index = self._index
         if not (holders.buffers or imports_holder or (index is not None and index.holder_names)):
             return None  # no gate-buffer class this cast could convert: its dtype is not asked
         dtypes = module_cast_dtypes(prov, call, site)
@@ -95,17 +97,9 @@ class ModuleCasts:
         dtypes: tuple[DtypeFact, ...],
     ) -> ModuleCastFinding | None:
         """A cast of ``model: nn.Module`` or of ``self`` in a base of a gate-buffer class."""
-        prov, module = self._prov, self._context.module
+        prov, module, index = self._prov, self._context.module, self._index
         local = next(iter(holders.buffers.values()), None)
-        bases = {
-            base.name.value
-            for name in holders.buffers
-            for base in holders.classes.mro(holders.classes.by_name[name])[1:]
-        }
-        index = prov.project.index if prov.project is not None else None
-        if index is not None:
-            bases |= index.holder_bases
-        if not unknown_module(prov, receiver, site, frozenset(bases)):
+        if not unknown_module(prov, receiver, site, self._holder_bases(holders)):
             return None
         if local is not None:
             holder, name = local.cls.name.value, local.name
@@ -127,6 +121,19 @@ class ModuleCasts:
         message = unknown_module_cast_message(module, call, holder, name, where, dtypes)
         fix = protect_before_cast(module, call, name, sorted(others - {name}))
         return ModuleCastFinding(message, fix)
+
+    def _holder_bases(self, holders: GateBufferHolders) -> frozenset[str]:
+        """The classes gate-buffer classes derive from: of this module, and of the project."""
+        if self._bases is None:
+            bases = {
+                base.name.value
+                for name in holders.buffers
+                for base in holders.classes.mro(holders.classes.by_name[name])[1:]
+            }
+            if self._index is not None:
+                bases |= self._index.holder_bases
+            self._bases = frozenset(bases)
+        return self._bases
 
 
 # RL004's examples of module casts (its docs and tests, with the rest of its examples)
