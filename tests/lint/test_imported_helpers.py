@@ -123,3 +123,41 @@ def test_dtype_tables_built_by_dict_and_getattr_of_torch(
     files = {"pkg/__init__.py": "", "pkg/_utils.py": _DTYPES, "pkg/user.py": user}
     codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
     assert codes == ([expected] if expected else [])
+
+
+_RING_DTYPES = """
+import torch
+
+_NAMES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def to_torch_dtype(name):
+    return name if isinstance(name, torch.dtype) else _NAMES[name]
+
+
+def ring_dtypes(precision):
+    precision = to_torch_dtype(precision)
+    return precision, precision, torch.float32
+
+
+def shared_ring_dtypes(precision):
+    precision = to_torch_dtype(precision)
+    return precision, precision, precision
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("ring_dtypes", []), ("shared_ring_dtypes", ["RL002"])]
+)
+def test_a_returned_element_is_followed_when_the_body_rebinds_a_parameter(
+    tmp_path: Path, policy: str, expected: list[str]
+) -> None:
+    # the rebound parameter is unknown, the literal element beside it is still read
+    user = (
+        f"import torch\nfrom ._policy import {policy}\n\n"
+        f"def build(precision, shape):\n    d_dtype, _, g_dtype = {policy}(precision)\n"
+        "    g_cache = torch.zeros(shape, dtype=g_dtype)\n    return g_cache\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/_policy.py": _RING_DTYPES, "pkg/user.py": user}
+    codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+    assert codes == expected

@@ -21,6 +21,13 @@ import ast
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
+from replaylint.lint.gatecache.calls import (
+    dotted,
+    entry_point_of,
+    gate_argument,
+    import_aliases,
+    passed_name,
+)
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.ring_order import gate_rings_by_order
@@ -42,10 +49,6 @@ TOO_GENERIC_TO_LEARN: frozenset[str] = frozenset(
         "value", "data", "tmp", "temp", "input", "inputs",
     }
 )  # fmt: skip
-# Calls that return their receiver's data with the same name-worthy identity.
-_TRANSPARENT_METHODS = frozenset(
-    {"contiguous", "view", "reshape", "detach", "flatten", "squeeze", "unsqueeze", "cuda", "to"}
-)
 
 
 def learn_gate_cache_names(
@@ -157,41 +160,28 @@ def learning_needles(entry_points: Sequence[EntryPoint], names: GateCacheNames) 
 def _names_in(
     tree: ast.AST, filename: str, entry_points: Sequence[EntryPoint], patterns: GateCacheNames
 ) -> Iterator[tuple[str, LearnedFrom]]:
-    aliases = _import_aliases(tree)
+    aliases = import_aliases(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
             yield from _mapping_names(node, filename, patterns)
             continue
         if not isinstance(node, ast.Call):
             continue
-        written = _dotted(node.func)
-        entry = _entry_point_of(written, aliases, entry_points)
+        written = dotted(node.func)
+        entry = entry_point_of(written, aliases, entry_points)
         if entry is None:
             yield from _keyword_names(node, written, filename, patterns)
             continue
         assert written is not None
-        argument = _gate_argument(node, entry)
-        name = None if argument is None else _name_of(argument)
+        argument = gate_argument(node, entry)
+        name = None if argument is None else passed_name(argument)
         # a tensor the call also passes as another argument (one scratch ring for the d, k
         # and g rings) is no gate cache by name: a fix of it would change the others too
         others = [*node.args, *(keyword.value for keyword in node.keywords)]
         if name is not None and not any(
-            other is not argument and _name_of(other) == name for other in others
+            other is not argument and passed_name(other) == name for other in others
         ):
             yield name, LearnedFrom(filename, node.lineno, written)
-
-
-def _entry_point_of(
-    written: str | None, aliases: dict[str, str], entry_points: Sequence[EntryPoint]
-) -> EntryPoint | None:
-    if written is None:
-        return None
-    head, _, rest = written.partition(".")
-    resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
-    for entry_point in entry_points:
-        if entry_point.matches(written) or entry_point.matches(resolved):
-            return entry_point
-    return None
 
 
 def _keyword_names(
@@ -204,9 +194,9 @@ def _keyword_names(
     for keyword in call.keywords:
         if keyword.arg is None or not patterns.matches(keyword.arg):
             continue
-        name = _name_of(keyword.value)
+        name = passed_name(keyword.value)
         others = [*call.args, *(k.value for k in call.keywords if k is not keyword)]
-        if name is not None and not any(_name_of(other) == name for other in others):
+        if name is not None and not any(passed_name(other) == name for other in others):
             yield name, LearnedFrom(filename, call.lineno, f"{callee}({keyword.arg}=...)")
 
 
@@ -220,69 +210,7 @@ def _mapping_names(
             continue
         if not patterns.matches(key.value):
             continue
-        name = _name_of(value)
+        name = passed_name(value)
         others = [v for k, v in zip(mapping.keys, mapping.values, strict=True) if k is not key]
-        if name is not None and not any(_name_of(other) == name for other in others):
+        if name is not None and not any(passed_name(other) == name for other in others):
             yield name, LearnedFrom(filename, key.lineno, f'{{"{key.value}": ...}}')
-
-
-def _gate_argument(call: ast.Call, entry_point: EntryPoint) -> ast.expr | None:
-    for keyword in call.keywords:
-        if keyword.arg == entry_point.parameter:
-            return keyword.value
-    index = entry_point.index
-    if index is None or index >= len(call.args):
-        return None
-    if any(isinstance(arg, ast.Starred) for arg in call.args[: index + 1]):
-        return None
-    return call.args[index]
-
-
-def _name_of(expr: ast.expr) -> str | None:
-    """``ring`` / ``self.ring`` / ``caches["ring"]`` / ``self.ring[layer].contiguous()`` -> ring."""
-    while True:
-        if isinstance(expr, ast.Name):
-            return expr.id
-        if isinstance(expr, ast.Attribute):
-            return expr.attr
-        if isinstance(expr, ast.Subscript):
-            key = expr.slice
-            if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                return key.value
-            expr = expr.value
-            continue
-        if (
-            isinstance(expr, ast.Call)
-            and isinstance(expr.func, ast.Attribute)
-            and expr.func.attr in _TRANSPARENT_METHODS
-        ):
-            expr = expr.func.value
-            continue
-        return None
-
-
-def _dotted(expr: ast.expr) -> str | None:
-    parts: list[str] = []
-    while isinstance(expr, ast.Attribute):  # a loop: generated chains can be thousands long
-        parts.append(expr.attr)
-        expr = expr.value
-    if not isinstance(expr, ast.Name):
-        return None
-    parts.append(expr.id)
-    return ".".join(reversed(parts))
-
-
-def _import_aliases(tree: ast.AST) -> dict[str, str]:
-    """``from ops import kda_replayssm_decode as decode`` -> {"decode": "ops.kda_replayssm_decode"}."""
-    aliases: dict[str, str] = {}
-    body = tree.body if isinstance(tree, ast.Module) else []
-    for statement in body:
-        if isinstance(statement, ast.ImportFrom):
-            for alias in statement.names:
-                if alias.asname is not None:
-                    aliases[alias.asname] = f"{statement.module or ''}.{alias.name}".lstrip(".")
-        elif isinstance(statement, ast.Import):
-            for alias in statement.names:
-                if alias.asname is not None:
-                    aliases[alias.asname] = alias.name
-    return aliases

@@ -268,7 +268,8 @@ class _Summariser:
                 return self._branching_result(function, params)
             name = statement.targets[0].id
             if name in locals_ and locals_[name][0] != "ref":
-                return UNKNOWN  # rebound (or a parameter rebound): not followed
+                # rebound (or a parameter rebound): unknown, as in a body with branches
+                return self._branching_result(function, params)
             locals_[name] = _Values(self, locals_).value(statement.value)
         return _Values(self, locals_).value(body[-1].value)
 

@@ -40,6 +40,7 @@ from replaylint.lint.run.files import FileProblem, decode_source
 from replaylint.lint.run.getters import learned_from_getters
 from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_file
+from replaylint.lint.run.taught import learned_from, taught_by, wrapper_rings
 from replaylint.lint.run.workers import can_fork, in_workers, worker_state
 
 if TYPE_CHECKING:
@@ -108,21 +109,7 @@ def _learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> _Le
         learned = learn_rings_by_order(text, filename, base)
     else:
         learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
-    return tuple((name, origin.row, _taught_by(origin)) for name, origin in learned.items())
-
-
-# what taught a name, in one string: the entry-point call, or why (a ring's place, a getter)
-_REASON = "reason: "
-
-
-def _taught_by(origin: LearnedFrom) -> str:
-    return f"{_REASON}{origin.reason}" if origin.reason else origin.function
-
-
-def _origin(path: str, row: int, taught_by: str) -> LearnedFrom:
-    if taught_by.startswith(_REASON):
-        return LearnedFrom(path, row, "", taught_by.removeprefix(_REASON))
-    return LearnedFrom(path, row, taught_by)
+    return tuple((name, origin.row, taught_by(origin)) for name, origin in learned.items())
 
 
 def _classify(relevance: Relevance, raw: bytes) -> tuple[bool, bool]:
@@ -208,7 +195,7 @@ def _apply(info: _File, scanned: _Scanned | None) -> bool:
 
 def _learned_key(names: GateCacheNames) -> str:
     learned = sorted(
-        (name, origin.filename, origin.row, _taught_by(origin))
+        (name, origin.filename, origin.row, taught_by(origin))
         for name, origin in names.learned.items()
     )
     return hashlib.blake2b(repr(learned).encode(), digest_size=12).hexdigest()
@@ -419,7 +406,7 @@ def _merge_learned(
         info = known.get(item.path)
         for name, row, function in info.learned if info is not None else ():
             if name not in merged and not names.matches(name):
-                merged[name] = _origin(str(item.path), row, function)
+                merged[name] = learned_from(str(item.path), row, function)
     return merged
 
 
@@ -457,6 +444,8 @@ def lint_many(
     merged = _merge_learned(teachers, known, names)
     readable = [str(item.path) for item in teachers if item.path in known]
     merged.update(learned_from_getters(readable, names, merged, jobs))
+    stamps = [(str(path), i.size, i.mtime_ns, i.ctime_ns) for path, i in known.items()]
+    merged.update(wrapper_rings(settings, stamps, readable, names, merged, cache, jobs))
     if merged:
         names = names.with_learned(merged)
         scanner.relevance = Relevance(names, settings.entry_points)

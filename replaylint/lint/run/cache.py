@@ -29,7 +29,7 @@ from replaylint._version import __version__
 from replaylint.lint.model import Applicability, Edit, Finding, Fix, Location
 
 CACHE_DIRECTORY = ".replaylint_cache"
-_FORMAT = 8
+_FORMAT = 9
 _MAX_SUMMARIES = 8192  # module summaries kept between runs (content digest -> summary)
 
 
@@ -139,6 +139,8 @@ class ResultCache:
         self._entries: dict[str, list[Any]] = {}
         self._summaries: dict[str, Any] = {}
         self._used_summaries: set[str] = set()
+        self._stages: dict[str, Any] = {}
+        self._used_stages: dict[str, Any] = {}
         self._dirty = False
         self._load()
 
@@ -152,6 +154,9 @@ class ResultCache:
             summaries = data.get("summaries")
             if isinstance(summaries, dict):
                 self._summaries = summaries
+            stages = data.get("stages")
+            if isinstance(stages, dict):
+                self._stages = stages
 
     def summary(self, content_digest: str) -> tuple[bool, Any]:
         """(whether the store has it, the module summary) of the file with ``content_digest``;
@@ -164,6 +169,18 @@ class ResultCache:
     def put_summary(self, content_digest: str, summary: Any) -> None:
         self._summaries[content_digest] = summary
         self._used_summaries.add(content_digest)
+        self._dirty = True
+
+    def stage(self, key: str) -> tuple[bool, Any]:
+        """(whether the store has it, the result) of a whole-project stage of the run whose
+        inputs hash to ``key``; only the results a run looks up or stores are kept."""
+        if key in self._stages:
+            self._used_stages[key] = self._stages[key]
+            return True, self._stages[key]
+        return False, None
+
+    def put_stage(self, key: str, result: Any) -> None:
+        self._stages[key] = self._used_stages[key] = result
         self._dirty = True
 
     def lookup(self, key: str) -> StoredFile | None:
@@ -217,7 +234,12 @@ class ResultCache:
                 if len(summaries) > _MAX_SUMMARIES:  # keep what this run read
                     summaries = {k: v for k, v in summaries.items() if k in self._used_summaries}
                 json.dump(
-                    {"format": _FORMAT, "files": self._entries, "summaries": summaries},
+                    {
+                        "format": _FORMAT,
+                        "files": self._entries,
+                        "summaries": summaries,
+                        "stages": self._used_stages,
+                    },
                     stream,
                     separators=(",", ":"),
                 )
