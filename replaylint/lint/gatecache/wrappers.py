@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import re
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -238,16 +238,14 @@ def learned_from_wrappers(
 
     Wrappers are looked for where the kernel is called and then where a wrapper is: the files
     that contain an entry point's text, then the files whose calls of wrappers were read. A
-    file is parsed only when grep and a regular expression find such a call in it, so a large
+    file is parsed only when grep and a search of its text find such a call in it, so a large
     tree costs a few parses."""
     learned: dict[str, LearnedFrom] = {}
     wrappers: dict[str, Wrapper] = {}
     ambiguous: set[str] = set()
     files = _Files(paths, read, jobs)
     kernels = [n for n in entry_point_needles(entry_points) or [] if n.isidentifier()]
-    pieces = "|".join(re.escape(kernel) for kernel in kernels)
-    calling = re.compile(rf"\w*(?:{pieces})\w*\s*\(" if pieces else "(?!)", re.IGNORECASE)
-    scanned = files.matching([kernel.lower().encode() for kernel in kernels], calling)
+    scanned = files.matching([kernel.lower().encode() for kernel in kernels], lambda text: True)
     for _ in range(_ROUNDS):
         current = names.with_learned(learned)
         found: dict[str, Wrapper] = {}
@@ -262,9 +260,9 @@ def learned_from_wrappers(
         if not fresh:
             break
         wrappers.update(fresh)
-        called = "|".join(re.escape(name) for name in sorted(fresh))
+        calls = [f"{name}(" for name in sorted(fresh)]
         callers = files.matching(
-            [f"{name}(".lower().encode() for name in fresh], re.compile(rf"\b(?:{called})\s*\(")
+            [call.lower().encode() for call in calls], functools.partial(_calls_one_of, calls=calls)
         )
         for path, tree in callers:
             for name, origin in names_passed_to(tree, path, fresh):
@@ -280,23 +278,39 @@ class _Files:
 
     def __init__(self, paths: Sequence[str], read: Callable[[str], str | None], jobs: int) -> None:
         self.paths, self.read, self.jobs = paths, read, jobs
+        self.texts: dict[str, str | None] = {}
         self.trees: dict[str, ast.Module | None] = {}
 
     def matching(
-        self, needles: list[bytes], pattern: re.Pattern[str]
+        self, needles: list[bytes], wanted: Callable[[str], bool]
     ) -> list[tuple[str, ast.Module]]:
-        """The files (path order) that contain a needle and match ``pattern``, parsed."""
+        """The files (path order) that contain a needle and whose text is ``wanted``, parsed."""
         found = []
         needles = [needle for needle in needles if needle.isascii()]
         for path in sorted(files_containing(self.paths, needles, self.jobs)):
-            if path not in self.trees:
+            if path not in self.texts:
                 text = self.read(path)
-                tree = None
                 # a file too large to parse safely is reported by the checking pass
-                if text is not None and too_large(text) is None and pattern.search(text):
-                    with contextlib.suppress(SyntaxError, ValueError, RecursionError, MemoryError):
-                        tree = ast.parse(text)
-                self.trees[path] = tree
+                self.texts[path] = text if text is not None and too_large(text) is None else None
+            text = self.texts[path]
+            if text is None or not wanted(text):
+                continue
+            if path not in self.trees:
+                self.trees[path] = None
+                with contextlib.suppress(SyntaxError, ValueError, RecursionError, MemoryError):
+                    self.trees[path] = ast.parse(text)
             if (tree := self.trees[path]) is not None:
                 found.append((path, tree))
         return found
+
+
+def _calls_one_of(text: str, *, calls: Sequence[str]) -> bool:
+    """Whether ``text`` writes one of ``calls`` (``kda_step(``) as a whole name: ``ops.kda_step(``
+    is one, ``my_kda_step(`` is not."""
+    for call in calls:
+        start = text.find(call)
+        while start >= 0:
+            if start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_"):
+                return True
+            start = text.find(call, start + 1)
+    return False
