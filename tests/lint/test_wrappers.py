@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS
-from replaylint.lint.gatecache.learning import learnable
+from replaylint.lint.gatecache.learning import learn_gate_cache_names, learnable
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.wrappers import (
     Wrapper,
@@ -213,3 +213,34 @@ def test_a_run_with_no_changed_file_takes_the_wrappers_from_the_cache(
     (project / "engine.py").write_text(_ENGINE.replace("forget", "decay_log"), encoding="utf-8")
     assert main(["check", "--output-format", "concise", "."]) == 1
     assert stages == [1, 1]  # a changed file: the stage runs again and learns `decay_log`
+
+
+def test_a_definition_taking_a_learned_name_is_a_wrapper_where_no_kernel_is_called(
+    tmp_path: Path,
+) -> None:
+    paths = _write(
+        tmp_path,
+        {
+            "decode.py": "kda_replayssm_decode(q, a, b, A, dt, s, h0, d, k, cache.log_alpha)\n",
+            "cache.py": """
+                class Cache:
+                    @classmethod
+                    def from_tensors(cls, state, log_alpha):
+                        return cls(state, log_alpha)
+            """,
+            "restore.py": "cache = Cache.from_tensors(blob['state'], blob['alpha_rows'])\n",
+        },
+    )
+    base = GateCacheNames()
+    taught = learn_gate_cache_names(
+        [(p, Path(p).read_text(encoding="utf-8")) for p in paths], DEFAULT_ENTRY_POINTS, base
+    )
+    assert sorted(taught) == ["log_alpha"]
+    learned = learned_from_wrappers(
+        paths,
+        base.with_learned(taught),
+        DEFAULT_ENTRY_POINTS,
+        lambda path: Path(path).read_text(encoding="utf-8"),
+        lambda name: learnable(name, base),
+    )
+    assert sorted(learned) == ["alpha_rows"]

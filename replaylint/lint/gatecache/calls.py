@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 
-__all__ = ["dotted", "entry_point_of", "gate_argument", "import_aliases", "passed_name"]
+__all__ = ["argument_for", "dotted", "entry_point_of", "import_aliases", "passed_name"]
 
 # Calls that return their receiver's data with the same name-worthy identity.
 _TRANSPARENT_METHODS = frozenset(
@@ -30,11 +30,12 @@ def entry_point_of(
     return None
 
 
-def gate_argument(call: ast.Call, entry_point: EntryPoint) -> ast.expr | None:
+def argument_for(call: ast.Call, parameter: str, index: int | None) -> ast.expr | None:
+    """What ``call`` passes for ``parameter``, by keyword or at place ``index``; None when it is
+    not written (or a ``*`` spread comes first)."""
     for keyword in call.keywords:
-        if keyword.arg == entry_point.parameter:
+        if keyword.arg == parameter:
             return keyword.value
-    index = entry_point.index
     if index is None or index >= len(call.args):
         return None
     if any(isinstance(arg, ast.Starred) for arg in call.args[: index + 1]):

@@ -22,9 +22,9 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from replaylint.lint.gatecache.calls import (
+    argument_for,
     dotted,
     entry_point_of,
-    gate_argument,
     import_aliases,
     passed_name,
 )
@@ -173,7 +173,7 @@ def _names_in(
             yield from _keyword_names(node, written, filename, patterns)
             continue
         assert written is not None
-        argument = gate_argument(node, entry)
+        argument = argument_for(node, entry.parameter, entry.index)
         name = None if argument is None else passed_name(argument)
         # a tensor the call also passes as another argument (one scratch ring for the d, k
         # and g rings) is no gate cache by name: a fix of it would change the others too

@@ -17,13 +17,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from replaylint.lint.gatecache.calls import (
+    argument_for,
     dotted,
     entry_point_of,
-    gate_argument,
     import_aliases,
     passed_name,
 )
@@ -155,10 +156,12 @@ def _handed_to_the_kernel(
         written = dotted(node.func)
         entry = entry_point_of(written, aliases, entry_points)
         if entry is not None:
-            argument = gate_argument(node, entry)
+            argument = argument_for(node, entry.parameter, entry.index)
         else:
             wrapper = known.get(_last_part(node.func) or "")
-            argument = None if wrapper is None else _wrapper_argument(node, wrapper)
+            argument = (
+                None if wrapper is None else argument_for(node, wrapper.parameter, wrapper.index)
+            )
         if isinstance(argument, ast.Name):
             yield argument.id
 
@@ -196,25 +199,13 @@ def names_passed_to(
         wrapper = wrappers.get(_last_part(node.func) or "")
         if wrapper is None:
             continue
-        argument = _wrapper_argument(node, wrapper)
+        argument = argument_for(node, wrapper.parameter, wrapper.index)
         name = None if argument is None else passed_name(argument)
         others = [*node.args, *(keyword.value for keyword in node.keywords)]
         if name is None or any(o is not argument and passed_name(o) == name for o in others):
             continue
         reason = f"passed as `{wrapper.parameter}` of `{wrapper.function}`"
         yield name, LearnedFrom(filename, node.lineno, "", reason)
-
-
-def _wrapper_argument(call: ast.Call, wrapper: Wrapper) -> ast.expr | None:
-    for keyword in call.keywords:
-        if keyword.arg == wrapper.parameter:
-            return keyword.value
-    index = wrapper.index
-    if index is None or index >= len(call.args):
-        return None
-    if any(isinstance(arg, ast.Starred) for arg in call.args[: index + 1]):
-        return None
-    return call.args[index]
 
 
 def _last_part(func: ast.expr) -> str | None:
@@ -246,6 +237,15 @@ def learned_from_wrappers(
     files = _Files(paths, read, jobs)
     kernels = [n for n in entry_point_needles(entry_points) or [] if n.isidentifier()]
     scanned = files.matching([kernel.lower().encode() for kernel in kernels], lambda text: True)
+    # ... and where a definition takes a learned name as a parameter (`from_tensors(log_alpha)`)
+    taking = [name for name in sorted(names.learned) if name.isascii()]
+    if taking:
+        seen = {path for path, _ in scanned}
+        header = re.compile(rf"\bdef\s+\w+\s*\([^)]*\b(?:{'|'.join(taking)})\b")
+        more = files.matching(
+            [name.lower().encode() for name in taking], lambda text: bool(header.search(text))
+        )
+        scanned += [(path, tree) for path, tree in more if path not in seen]
     for _ in range(_ROUNDS):
         current = names.with_learned(learned)
         found: dict[str, Wrapper] = {}
