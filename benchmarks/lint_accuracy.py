@@ -7,8 +7,9 @@ separately as the estimate of how the linter generalises). Two more parts, ``fre
 ``fresh2/``, hold packages in six further projects' styles each, written by authors who had not
 read the linter; the first measurement of each is another unseen estimate, after which it is read
 like ``dev/``. ``fresh3/`` (two packages, 17 bugs) is written the same way and, like ``heldout/``,
-is not read; so are ``fresh4/`` (read after its first measurement) and ``fresh5/`` (not read),
-two packages and 34 bugs each. Each part has a ``registry.json``.
+is not read; so are ``fresh4/`` (read after its first measurement), ``fresh5/`` (not read) and
+``fresh6/`` (read after its first measurement), two packages and 34 bugs each. Each part has a
+``registry.json``.
 
 Labels are trailing comments on the buggy statements::
 
@@ -69,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
+HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",

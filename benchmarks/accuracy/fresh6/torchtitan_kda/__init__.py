@@ -1,0 +1,1 @@
+"""Kimi Delta Attention models with ReplaySSM decoding, laid out like torchtitan."""
