@@ -110,6 +110,15 @@ def test_a_learned_name_also_names_its_qualified_variants() -> None:
     assert names.learned_from("pad_decay_ring") == origin
 
 
+def test_a_learned_name_also_names_its_plural_and_itself_with_a_ring_word() -> None:
+    origin = LearnedFrom("a.py", 2, "kda_replayssm_decode")
+    names = GateCacheNames().with_learned({"alpha_log": origin, "log_alpha_ring": origin})
+    variants = ("alpha_logs", "alpha_log_ring", "alpha_log_bufs", "log_alpha_rings")
+    assert all(names.matches(n) for n in variants)
+    assert not any(names.matches(n) for n in ("alpha_log_state", "alpha_logx", "log_alpha"))
+    assert names.learned_from("alpha_log_ring") == origin
+
+
 def test_the_first_call_that_teaches_a_name_is_remembered() -> None:
     learned = learn_gate_cache_names(
         [("a.py", "x = 1\nkda_replayssm_decode(g_cache=decay_ring)\n"),

@@ -51,6 +51,27 @@ def test_no_gate_cache_without_both_siblings_and_a_ring_word(text: str) -> None:
     assert sibling_names(_LEARNED, text, "m.py") == {}
 
 
+@pytest.mark.parametrize(
+    ("learned", "text"),
+    [
+        # the word the d and k rings share with the gate ring (`buf` of `decay_buf` beside
+        # `d_buf` and `k_buf`) is not its own
+        (
+            "decay_buf",
+            "self.decay_buf = a\nself.d_buf = b\nself.k_buf = c\n"
+            "rows = {'delta': d, 'key': k}\nfor buf in rings:\n    pass\n",
+        ),
+        # nor is a word too generic to name the gate ring (`log` of `alpha_log`)
+        ("alpha_log", "self.alpha_log = a\nrows = {'delta': d, 'key': k}\nlog = x\n"),
+    ],
+)
+def test_a_shared_or_generic_word_of_the_gate_ring_makes_no_sibling(
+    learned: str, text: str
+) -> None:
+    names = GateCacheNames().with_learned({learned: LearnedFrom("layer.py", 3, "decode")})
+    assert sibling_names(names, text, "m.py") == {}
+
+
 def test_a_derived_name_is_reported_with_why() -> None:
     source = (
         "import torch\n\nclass Graph:\n    def __init__(self, mm, shape):\n"

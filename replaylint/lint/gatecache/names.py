@@ -6,8 +6,9 @@ A gate cache is recognised by name: a variable (``g_cache``), the last part of a
 leading underscores stripped; each pattern also matches its plural (``g_caches``). Names taught by
 call sites of decode entry points ("learned" names) are added per run, with the call that taught
 them, so that a finding can say why a name counts; a learned name also matches its qualified
-variants (``pad_decay_ring`` once ``decay_ring`` is learned) and its variants with a word inside
-(``alpha_move_buffer`` once ``alpha_buffer`` is).
+variants (``pad_decay_ring`` once ``decay_ring`` is learned), its plural and its name with a ring
+word after it (``decay_rings``, ``alpha_log_ring`` once ``decay_ring`` and ``alpha_log`` are), and
+its variants with a word inside (``alpha_move_buffer`` once ``alpha_buffer`` is).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
     "*_gate_cache",
 )
 
+
+# a ring word after a learned name names the same ring (`alpha_log` -> `alpha_log_ring`)
+_RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 
 # words that name the gate ring in a dtype setting (`gate_dtype`, `g_dtype`, `gate_ring_dtype`)
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
@@ -64,6 +68,9 @@ class GateCacheNames:
         # `pad_decay_ring` when `decay_ring` was learned
         suffixes = "|".join(re.escape(name) for name in sorted(self.learned))
         self._qualified = re.compile(f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)")
+        # ... its plural and its name with a ring word after it, as a pattern's plural is:
+        # `log_alpha_rings` when `log_alpha_ring` was, `alpha_log_ring` when `alpha_log` was
+        self._extended = re.compile(f"({suffixes})(?:s|{_RING_WORDS})" if suffixes else "(?!)")
         # ... and its variants with a word inside: `alpha_move_buffer` when `alpha_buffer` was
         self._infixed = [
             (
@@ -87,6 +94,7 @@ class GateCacheNames:
             self._regex.fullmatch(name.lower().lstrip("_")) is not None
             or name in self.learned
             or self._qualified.fullmatch(name) is not None
+            or self._extended.fullmatch(name) is not None
             or any(infixed.fullmatch(name) for infixed, _ in self._infixed)
         )
 
@@ -117,7 +125,7 @@ class GateCacheNames:
             return None
         if name in self.learned:
             return self.learned[name]
-        qualified = self._qualified.fullmatch(name)
+        qualified = self._qualified.fullmatch(name) or self._extended.fullmatch(name)
         if qualified is not None:
             return self.learned[qualified.group(1)]
         return next(

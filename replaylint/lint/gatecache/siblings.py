@@ -26,7 +26,10 @@ _METADATA = frozenset(
     | {"idx", "index", "indices", "offset", "offsets", "len", "dim", "dims"}
     | {"name", "names", "tag", "id", "ids", "slice", "start", "end", "count"}
 )
-_GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
+_GENERIC = frozenset(
+    {"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"}
+    | {"buf", "bufs", "buffer", "cache", "ring", "state", "tensor", "log", "logs"}
+)
 # the words that name the d and the k ring, the one-letter word first
 D_WORDS = ("d", "delta", "deltas")
 K_WORDS = ("k", "key", "keys")
@@ -43,8 +46,12 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
     for gate in sorted(name for name in identifiers if names.matches(name)):
         words = [word for word in gate.split("_") if word]
         # the ring's own word comes first or last (`alpha_buffer`, `log_alpha`); a word in the
-        # middle qualifies it (`alpha_move_buffer`)
-        for word in dict.fromkeys(words[:1] + words[-1:]):
+        # middle qualifies it (`alpha_move_buffer`). Where the file names the gate ring's
+        # siblings (`d_buf` and `k_buf` beside `decay_buf`), the word they replace is its own
+        # and the word they share (`buf`) is not.
+        ends = list(dict.fromkeys(words[:1] + words[-1:]))
+        own = [w for i, w in enumerate(words) if w in ends and _has_siblings(words, i, identifiers)]
+        for word in own or ends:
             lowered = word.lower()
             if (
                 word
@@ -73,6 +80,16 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
                 derived[name] = LearnedFrom(filename, _first_row(text, name), "", reason)
                 break
     return derived
+
+
+def _has_siblings(words: list[str], position: int, identifiers: set[str]) -> bool:
+    """Whether the file names the d and the k ring as ``words`` with the word at ``position``
+    replaced."""
+    d_words, k_words = (D_WORDS[1:], K_WORDS[1:]) if len(words) == 1 else (D_WORDS, K_WORDS)
+    return (
+        _replaced(words, position, d_words, identifiers) is not None
+        and _replaced(words, position, k_words, identifiers) is not None
+    )
 
 
 def _replaced(
