@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from project_support import write_tree
 
 from replaylint.lint.gatecache.entry_points import DEFAULT_ENTRY_POINTS
 from replaylint.lint.gatecache.learning import learn_gate_cache_names, learnable
@@ -87,13 +88,7 @@ def test_the_argument_in_the_gate_ring_place_is_learned_by_position_or_keyword()
 
 
 def _write(root: Path, files: dict[str, str]) -> list[str]:
-    paths = []
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text), encoding="utf-8")
-        paths.append(str(path))
-    return paths
+    return [str(path) for path in write_tree(root, files)]
 
 
 def _learned(paths: list[str]) -> list[str]:
@@ -175,9 +170,9 @@ def test_the_command_line_reports_a_ring_only_a_wrapper_call_names(
     argv = ["check", "--isolated", "--no-cache", "--output-format", "concise", str(tmp_path)]
     assert main(argv) == 1
     out = capsys.readouterr().out
-    assert "engine.py:9:" in out
+    assert "engine.py:8:" in out
     assert "RL002" in out
-    assert "engine.py:7:" not in out
+    assert "engine.py:6:" not in out
 
 
 _OPS = (
