@@ -5,10 +5,10 @@ A file's project is the folder of its nearest configuration file (``replaylint.t
 file's own folder. Learning reads only the project's files whose bytes contain an entry point's
 literal text (the command line's cheap pre-filter), then, as the command line does, the getters
 that return rings to those files and the project's wrappers of the decode kernel, so it costs
-little even in a large tree; it is redone when a file of the project is saved. The project's modules are indexed as in a command
-line run (:mod:`replaylint.lint.run.modules`): a dtype imported from another module of the project
-resolves to its definition on disk, and saving a module drops the summaries read so far. No
-pygls here: this is plain library code.
+little even in a large tree; it is redone when a file of the project is saved. The project's
+modules are indexed as in a command line run (:mod:`replaylint.lint.run.modules`): a dtype
+imported from another module of the project resolves to its definition on disk, and saving a
+module drops the summaries read so far. No pygls here: this is plain library code.
 """
 
 from __future__ import annotations
@@ -19,19 +19,15 @@ from pathlib import Path
 
 from replaylint.lint.config.loading import find_config, load_settings
 from replaylint.lint.config.settings import Settings
-from replaylint.lint.gatecache.learning import (
-    entry_point_needles,
-    learn_gate_cache_names,
-    learnable,
-)
+from replaylint.lint.gatecache.learning import entry_point_needles, learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames
-from replaylint.lint.gatecache.wrappers import learned_from_wrappers
 from replaylint.lint.model import FileReport, Mode
 from replaylint.lint.run.discovery import discover
 from replaylint.lint.run.files import FileProblem, decode_source
-from replaylint.lint.run.getters import learned_from_getters, read_text
+from replaylint.lint.run.getters import learned_from_getters
 from replaylint.lint.run.modules import RunModules
 from replaylint.lint.run.one_file import lint_text
+from replaylint.lint.run.taught import wrapper_rings
 
 
 @dataclass
@@ -70,15 +66,7 @@ class Project:
         # the command line's later stages: rings returned by getters, rings passed to wrappers
         paths = [str(item.path) for item in files]
         learned.update(learned_from_getters(paths, base, learned, 1))
-        learned.update(
-            learned_from_wrappers(
-                paths,
-                base.with_learned(learned),
-                settings.entry_points,
-                read_text,
-                lambda name: learnable(name, base),
-            )
-        )
+        learned.update(wrapper_rings(settings, [], paths, base, learned, None, 1))
         return base.with_learned(learned) if learned else base
 
     def lint(self, path: Path, text: str, mode: Mode = Mode.CHECK) -> tuple[FileReport, str]:

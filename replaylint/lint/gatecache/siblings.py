@@ -50,7 +50,7 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
         # siblings (`d_buf` and `k_buf` beside `decay_buf`), the word they replace is its own
         # and the word they share (`buf`) is not.
         ends = list(dict.fromkeys(words[:1] + words[-1:]))
-        own = [w for i, w in enumerate(words) if w in ends and _has_siblings(words, i, identifiers)]
+        own = [w for i, w in enumerate(words) if w in ends and _siblings(words, i, identifiers)]
         for word in own or ends:
             lowered = word.lower()
             if (
@@ -71,25 +71,23 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
             gate = stems.get(word)
             if gate is None:
                 continue
-            # a one-word name needs whole words beside it (`delta`, `key`), not `d` and `k`
-            d_words, k_words = (D_WORDS[1:], K_WORDS[1:]) if len(words) == 1 else (D_WORDS, K_WORDS)
-            d_name = _replaced(words, position, d_words, identifiers)
-            k_name = _replaced(words, position, k_words, identifiers)
-            if d_name is not None and k_name is not None:
+            siblings = _siblings(words, position, identifiers)
+            if siblings is not None:
+                d_name, k_name = siblings
                 reason = f"named like the gate ring `{gate}` beside `{d_name}` and `{k_name}`"
                 derived[name] = LearnedFrom(filename, _first_row(text, name), "", reason)
                 break
     return derived
 
 
-def _has_siblings(words: list[str], position: int, identifiers: set[str]) -> bool:
-    """Whether the file names the d and the k ring as ``words`` with the word at ``position``
-    replaced."""
+def _siblings(words: list[str], position: int, identifiers: set[str]) -> tuple[str, str] | None:
+    """The d and the k ring's names in the file: ``words`` with the word at ``position`` replaced
+    by a d word and by a k word; None unless both are there."""
+    # a one-word name needs whole words beside it (`delta`, `key`), not `d` and `k`
     d_words, k_words = (D_WORDS[1:], K_WORDS[1:]) if len(words) == 1 else (D_WORDS, K_WORDS)
-    return (
-        _replaced(words, position, d_words, identifiers) is not None
-        and _replaced(words, position, k_words, identifiers) is not None
-    )
+    d_name = _replaced(words, position, d_words, identifiers)
+    k_name = _replaced(words, position, k_words, identifiers)
+    return None if d_name is None or k_name is None else (d_name, k_name)
 
 
 def _replaced(

@@ -241,7 +241,8 @@ def learned_from_wrappers(
     taking = [name for name in sorted(names.learned) if name.isascii()]
     if taking:
         seen = {path for path, _ in scanned}
-        header = re.compile(rf"\bdef\s+\w+\s*\([^)]*\b(?:{'|'.join(taking)})\b")
+        taken = "|".join(re.escape(name) for name in taking)
+        header = re.compile(rf"\bdef\s+\w+\s*\([^)]*\b(?:{taken})\b")
         more = files.matching(
             [name.lower().encode() for name in taking], lambda text: bool(header.search(text))
         )

@@ -444,7 +444,9 @@ def lint_many(
     merged = _merge_learned(teachers, known, names)
     readable = [str(item.path) for item in teachers if item.path in known]
     merged.update(learned_from_getters(readable, names, merged, jobs))
-    stamps = [(str(path), i.size, i.mtime_ns, i.ctime_ns) for path, i in known.items()]
+    stamps = []  # what the wrapper stage's cached result is keyed on
+    if cache is not None:
+        stamps = [(str(path), i.size, i.mtime_ns, i.ctime_ns) for path, i in known.items()]
     merged.update(wrapper_rings(settings, stamps, readable, names, merged, cache, jobs))
     if merged:
         names = names.with_learned(merged)
