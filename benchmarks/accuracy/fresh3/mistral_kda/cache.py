@@ -139,7 +139,7 @@ class BufferCache:
 
 
 class RingCache(nn.Module):
-    """The KDA tensors of one pipeline rank's layers as module buffers: a chat session's state
+    """The KDA tensors of one pipeline rank's layers as module buffers: a conversation's state
     stays with the model between ``generate`` calls and is saved with its state_dict."""
 
     def __init__(self, n_layers: int, max_batch_size: int, kda: KDAArgs, dtype: torch.dtype):
@@ -152,7 +152,7 @@ class RingCache(nn.Module):
         self.register_buffer("write_pos", torch.zeros((n_layers, max_batch_size), dtype=torch.int32))
 
     def reset(self) -> None:
-        # new tensors rather than zero_(): views handed out for the previous session stay valid
+        # new tensors rather than zero_(): views handed out for the previous conversation stay valid
         self.cache_delta = torch.zeros_like(self.cache_delta)
         self.cache_key = torch.zeros_like(self.cache_key)
         self.cache_decay = torch.zeros_like(self.cache_delta)  # expect-bug: like
