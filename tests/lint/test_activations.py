@@ -166,3 +166,116 @@ def test_a_ring_passed_in_unchanged_is_not_an_activation() -> None:
     # the constructor's ring is checked where it is made; the clone is RL003's copy finding
     assert [(f.location.row, f.code) for f in findings] == [(12, "RL003")]
     assert "a clone of `g`" in findings[0].message
+
+
+_WEIGHTS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self, dim, dtype=None, checkpoint=None):
+        super().__init__()
+        self.f_proj = nn.Linear(dim, dim, dtype=dtype)
+        self.A_log = {a_log}
+        self.dt_bias = nn.Parameter(torch.zeros(dim, dtype=dtype))
+
+    def seed(self, logits, rings):
+        rings.g_cache = {line}
+"""
+
+
+@pytest.mark.parametrize(
+    ("a_log", "line", "flagged"),
+    [
+        # a weight made in the model's dtype, combined with activations
+        (
+            "nn.Parameter(torch.empty(dim, dtype=dtype))",
+            "-self.A_log.exp() * F.softplus(self.f_proj(logits) + self.dt_bias)",
+            True,
+        ),
+        # torch's default dtype in a module's code is the model's too; a buffer counts as well
+        ("nn.Buffer(torch.ones(dim))", "-torch.exp(self.A_log) * self.f_proj(logits)", True),
+        # weights alone, with no elementwise function in between
+        ("nn.Parameter(torch.empty(dim, dtype=dtype))", "self.A_log * self.dt_bias", True),
+        # a float32 weight with dimensions promotes the product to float32
+        (
+            "nn.Parameter(torch.zeros(dim, dtype=torch.float32))",
+            "-self.A_log.exp() * F.softplus(self.f_proj(logits))",
+            False,
+        ),
+        # a weight loaded as stored: a checkpoint may keep it float32
+        (
+            "nn.Parameter(torch.load(checkpoint)['A_log'])",
+            "-self.A_log.exp() * F.softplus(self.f_proj(logits))",
+            False,
+        ),
+        # cast before the gate math
+        (
+            "nn.Parameter(torch.empty(dim, dtype=dtype))",
+            "-self.A_log.float().exp() * F.softplus(self.f_proj(logits).float())",
+            False,
+        ),
+        # not a weight: an attribute the class sets to something else
+        ("checkpoint", "-self.A_log.exp() * F.softplus(self.f_proj(logits))", False),
+    ],
+)
+def test_a_gate_cache_computed_from_the_modules_weights(
+    a_log: str, line: str, flagged: bool
+) -> None:
+    rows = _rows(_WEIGHTS.format(a_log=a_log, line=line))
+    # one finding for the whole expression, not one per operand
+    assert (rows == [(14, "RL003")]) if flagged else rows == []
+
+
+def test_a_finding_on_weights_names_them_and_casts_where_the_gate_cache_is_set() -> None:
+    source = _WEIGHTS.format(
+        a_log="nn.Parameter(torch.empty(dim, dtype=dtype))",
+        line="-self.A_log.exp() * F.softplus(self.f_proj(logits))",
+    )
+    (finding,) = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    assert "`self.A_log`, a weight of `Gate`" in finding.message
+    assert "`self.f_proj(logits)`, a layer's output" in finding.message
+    assert (
+        "rings.g_cache = (-self.A_log.exp() * F.softplus(self.f_proj(logits))).to(torch.float32)"
+    ) in _fixed(source)
+
+
+def test_a_name_guessed_from_its_neighbours_does_not_make_a_computed_value_a_ring() -> None:
+    # `log_decay` is named like the gate ring `decay_buffer` beside `delta` and `key`; here it is
+    # a forward's output, in the model's dtype until something stores it
+    source = """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Attention(nn.Module):
+            def __init__(self, dim, dtype=None):
+                super().__init__()
+                self.a_proj = nn.Linear(dim, dim, dtype=dtype)
+                self.A_log = nn.Parameter(torch.empty(dim, dtype=dtype))
+                self.register_buffer("delta_buffer", torch.zeros(2, dim, dtype=dtype))
+                self.register_buffer("key_buffer", torch.zeros(2, dim, dtype=dtype))
+                self.register_buffer("decay_buffer", torch.zeros(2, dim, dtype=torch.float32))
+
+            def forward(self, x, out, slots, pos):
+                kda_replayssm_decode(x, d_cache=self.delta_buffer, k_cache=self.key_buffer,
+                                     g_cache=self.decay_buffer, out=out, ssm_state_indices=slots)
+
+            def window(self, hidden, delta, key):
+                log_decay = -self.A_log.exp() * F.softplus(self.a_proj(hidden))
+                return delta, key, log_decay
+        """
+
+    def rows(text: str) -> list[tuple[int, str]]:
+        linter = Linter(Settings())
+        text = textwrap.dedent(text).lstrip("\n")
+        linter.learn([("m.py", text)])  # `decay_buffer` is the gate ring
+        return [(f.location.row, f.code) for f in linter.check(text, "m.py")]
+
+    assert rows(source) == []
+    # the same computation stored under a name that means the ring is reported
+    stored = source.replace("return delta, key, log_decay", "self.g_cache = log_decay")
+    assert rows(stored) == [(20, "RL003")]

@@ -508,3 +508,24 @@ def test_a_parameter_that_the_module_calls_with_one_dtype(
     source: str, expected: list[tuple[int, str]]
 ) -> None:
     assert _check(source) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # a range with a dtype is an allocation of that dtype
+        ("torch.arange(0, 16, dtype=torch.bfloat16).log1p()", [(4, "RL001")]),
+        ("torch.log(torch.arange(1, 17, dtype=torch.float32))", []),
+        # without one, its dtype follows the arguments (integers: int64): not judged
+        ("torch.arange(16)", []),
+        # linspace and eye take torch's default dtype, which a module's code may not own
+        ("torch.linspace(-4.0, 0.0, 16)", [(4, "RL003")]),
+    ],
+)
+def test_ranges_and_spaced_values(value: str, expected: list[tuple[int, str]]) -> None:
+    source = f"""
+        class Pool:
+            def __init__(self):
+                self.g_cache = {value}
+        """
+    assert _check("import torch\n" + textwrap.dedent(source).lstrip("\n")) == expected

@@ -434,3 +434,41 @@ def test_an_apply_override_keeps_the_gate_buffer_only_when_it_restores_float32(
     )
     found = [f.code for f in Linter().check(text, "m.py")]
     assert found == (["RL004"] if reported else [])
+
+
+_RESTORER = """
+class Restoring(KimiModel):
+    def put_gates_back(self):
+        for layer in self.layers:
+            layer.self_attn.replay_g_cache = layer.self_attn.replay_g_cache.float()
+        return self
+
+    def put_deltas_back(self):
+        for layer in self.layers:
+            layer.self_attn.replay_d_cache = layer.self_attn.replay_d_cache.float()
+        return self
+
+
+"""
+_LOOP = "for layer in {over}.layers:\n    layer.self_attn.replay_g_cache = layer.self_attn.replay_g_cache.float()"
+
+
+@pytest.mark.parametrize(
+    ("use", "reported"),
+    [
+        # a method of the module's classes called on the cast's result puts the buffer back
+        ("Restoring(config).half().put_gates_back()", False),
+        ("Restoring(config).half().put_deltas_back()", True),
+        # a loop over the cast model, later in the scope
+        ("model = KimiModel(config)\nmodel.half()\n" + _LOOP.format(over="model"), False),
+        ("model = KimiModel(config).half()\n" + _LOOP.format(over="model"), False),
+        # before the cast, or into another model, it puts nothing back
+        ("model = KimiModel(config)\n" + _LOOP.format(over="model") + "\nmodel.half()", True),
+        ("model = KimiModel(config)\nmodel.half()\n" + _LOOP.format(over="other"), True),
+    ],
+)
+def test_a_cast_followed_by_a_restore_of_its_gate_buffers(use: str, reported: bool) -> None:
+    text = (_RESTORER + use).lstrip("\n")
+    rows = _rows(text)
+    cast_row = next(n for n, line in enumerate(text.splitlines(), 1) if "half()" in line)
+    assert rows == ([cast_row] if reported else [])

@@ -26,12 +26,13 @@ import libcst as cst
 from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.dataflow.scalars import is_scalar
+from replaylint.lint.dataflow.scalars import instance_values, is_scalar
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
     DTYPE_PRESERVING_ATTRIBUTES,
     DTYPE_PRESERVING_METHODS,
+    DTYPE_PRESERVING_WRAPPERS,
     ELEMENTWISE_METHODS,
     TORCH_ELEMENTWISE_FUNCTIONS,
 )
@@ -131,7 +132,7 @@ class _Trace:
         if isinstance(expr, cst.Attribute):
             if expr.attr.value in DTYPE_PRESERVING_ATTRIBUTES:
                 return self.source(expr.value, site, env, steps)
-            return None
+            return None if self.passed_only else self._weight(expr, site)
         if isinstance(expr, cst.UnaryOperation) and isinstance(
             expr.operator, (cst.Minus, cst.Plus)
         ):
@@ -170,6 +171,34 @@ class _Trace:
                 return None
             described = described or found_here
         return described
+
+    def _weight(self, attribute: cst.Attribute, site: Site) -> str | None:
+        """``self.A_log``: a parameter or buffer of the module made in the model's dtype
+        (``torch.empty(hv, dtype=dtype)``, torch's default dtype). One made float32 stays float32
+        (and promotes what it meets) unless the model is cast, which this module may not show;
+        one loaded as stored may be float32 on purpose; one whose making is not understood is
+        not known to be either."""
+        owner = site.enclosing_class()
+        receiver = attribute.value
+        name = attribute.attr.value
+        if (
+            owner is None
+            or not isinstance(receiver, cst.Name)
+            or receiver.value != "self"
+            or self.prov.index.gate_caches.matches(name)
+        ):
+            return None
+        values = list(instance_values(self.prov, owner, name))
+        if not values:
+            return None
+        for value, where in values:
+            made = _weight_tensor(self.prov, value, where)
+            if made is None:
+                return None
+            facts = self.prov.tensor_facts(made, where, NO_ENV)
+            if not facts or any(f.kind not in _MODEL_DTYPE for f in facts):
+                return None
+        return f"`self.{name}`, a weight of `{owner.name.value}`"
 
     def _parameter(self, binding: Binding, passed: bool, steps: int) -> str | None:
         """An argument is an activation in a model's ``forward``, where the module's calls pass
@@ -213,6 +242,33 @@ class _Trace:
 
 
 _KEEPING_METHODS = DTYPE_PRESERVING_METHODS | ELEMENTWISE_METHODS
+
+
+# what a weight in the model's dtype is made with
+_MODEL_DTYPE = frozenset(
+    {Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, Kind.PASSED, Kind.ACTIVATION}
+)
+
+
+def _weight_tensor(
+    prov: Provenance, value: cst.BaseExpression, site: Site
+) -> cst.BaseExpression | None:
+    """``t`` of ``nn.Parameter(t)``, ``nn.Buffer(t)`` or ``register_buffer("x", t)``: the tensor
+    a weight is made from; None when ``value`` makes no weight."""
+    if isinstance(value, cst.Call) and prov.index.qualified_names(value.func) & (
+        DTYPE_PRESERVING_WRAPPERS
+    ):
+        positional = positional_args(value)
+        return positional[0].value if positional else None
+    statement = site.statement
+    registers = (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Call)
+        and method_name(statement.body[0].value) == "register_buffer"
+    )
+    return value if registers else None
 
 
 def _unpacked_from(binding: Binding) -> cst.BaseExpression | None:

@@ -11,6 +11,7 @@ from replaylint.lint.dataflow.torch_api import (
     POSITIONAL_DTYPE,
     TORCH_FACTORIES,
     TORCH_LIKE_FACTORIES,
+    TORCH_RANGE_FACTORIES,
     dtype_from_qualified_name,
 )
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args
@@ -32,7 +33,8 @@ def as_allocation(index: ModuleIndex, expr: cst.BaseExpression) -> Allocation | 
         return None
     for name in index.qualified_names(expr.func):
         kind: AllocationKind
-        if name in TORCH_FACTORIES:
+        ranged = name in TORCH_RANGE_FACTORIES and keyword_arg(expr, "dtype") is not None
+        if name in TORCH_FACTORIES or ranged:
             kind = "factory"
         elif name in TORCH_LIKE_FACTORIES:
             kind = "like"

@@ -11,6 +11,7 @@ tensor of unknown dtype. Calls from other modules are not seen.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -19,7 +20,7 @@ from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact, definite
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.torch_api import FLOAT32, NON_FLOATING_DTYPES
-from replaylint.lint.syntax.nodes import keyword_arg
+from replaylint.lint.syntax.nodes import keyword_arg, read_names
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -75,9 +76,56 @@ def _passed_dtypes(prov: Provenance, binding: Binding) -> Passed:
     return tuple(sorted(dtypes))
 
 
+def passed_dtype_facts(prov: Provenance, binding: Binding) -> tuple[DtypeFact, ...] | None:
+    """The dtypes the module's calls pass for the dtype parameter ``binding``
+    (``alloc(shape, torch.float32)``, ``cls(..., gate_dtype=config.gate_dtype)``), each marked
+    with its call; None when the module does not call the function, a call cannot be read, or
+    one leaves the parameter to its default (a default no call overrides is decided elsewhere).
+
+    Float32 from every call decides the parameter. Anything else is the callers' choice only for
+    a parameter meant for the gate cache (named for its dtype, or read once: by the gate
+    cache's allocation); a general ``dtype`` that the d and k rings take too is the
+    allocation's to override, and stays a parameter."""
+    passed = _passed_by_calls(prov, binding)
+    if not passed:
+        return None
+    function = binding.scope
+    assert isinstance(function, cst.FunctionDef)  # a parameter of a function the module calls
+    rebound = len(prov.index.scope(function).bindings.get(binding.name, ())) > 1
+    if any(call is None and _is_none(value) and not rebound for call, (value, _) in passed):
+        return None  # left to a None default: torch's default dtype, decided elsewhere
+    if not prov.enter():
+        return None
+    try:
+        # a call that leaves a None default to `if dtype is None: dtype = ...` passes nothing;
+        # one that leaves another default passes that
+        facts = tuple(
+            replace(fact, parameter=binding.name, passed_by=call)
+            for call, (value, site) in passed
+            if not (call is None and _is_none(value))
+            for fact in prov.dtype_facts(value, site)
+        )
+    finally:
+        prov.leave()
+    if facts and all(fact.is_float32 for fact in facts):
+        return facts
+    reads = [name for name in read_names(function.body) if name.value == binding.name]
+    meant = prov.index.gate_caches.names_gate_dtype(binding.name) or len(reads) == 1
+    return facts if meant else None
+
+
 def passed_values(prov: Provenance, binding: Binding) -> list[_Value] | None:
     """What each call of the module passes for the parameter ``binding`` (its default where a
     call does not pass it); None when a call cannot be read."""
+    passed = _passed_by_calls(prov, binding)
+    return None if passed is None else [value for _, value in passed]
+
+
+def _passed_by_calls(
+    prov: Provenance, binding: Binding
+) -> list[tuple[cst.Call | None, _Value]] | None:
+    """What each call of the module passes for the parameter ``binding``, with the call (None
+    where the call leaves the parameter to its default); None when a call cannot be read."""
     function, param = binding.scope, binding.node
     if not isinstance(function, cst.FunctionDef) or not isinstance(param, cst.Param):
         return None
@@ -86,7 +134,7 @@ def passed_values(prov: Provenance, binding: Binding) -> list[_Value] | None:
     ordered = [*function.params.posonly_params, *function.params.params]
     position = next((i for i, p in enumerate(ordered) if p is param), None)
     sites = prov.index.call_sites()
-    values: list[_Value] = []
+    values: list[tuple[cst.Call | None, _Value]] = []
     for call, bound in _calls_of(prov, function):
         site = sites.get(id(call))
         if site is None or call is None:
@@ -95,7 +143,7 @@ def passed_values(prov: Provenance, binding: Binding) -> list[_Value] | None:
         value = _argument(prov, call, site, param, index)
         if value is None:
             return None
-        values.append(value)
+        values.append((None if value[1].statement is None else call, value))
     return values
 
 
@@ -108,8 +156,8 @@ def _calls_of(prov: Provenance, function: cst.FunctionDef) -> list[tuple[cst.Cal
         owner = _owner(prov, function)
         if owner is None:
             return [(None, False)]
-        # `Cls(...)` runs `__init__` with the new instance as `self`
-        return [(call, True) for call in prov.index.calls_named(owner.name.value)]
+        # a constructor call runs `__init__` with the new instance as `self`
+        return [(call, True) for call in constructor_calls(prov, owner)]
     for call in prov.index.calls_named(function.name.value):
         site = sites.get(id(call))
         made = called_function(prov.index, prov, call, site) if site is not None else None
@@ -120,6 +168,29 @@ def _calls_of(prov: Provenance, function: cst.FunctionDef) -> list[tuple[cst.Cal
         if made[0] is function:
             found.append((call, made[2]))
     return found
+
+
+def constructor_calls(prov: Provenance, owner: cst.ClassDef) -> list[cst.Call]:
+    """The module's calls that construct ``owner``: ``Owner(...)``, and ``cls(...)`` in one of
+    its classmethods."""
+    calls = list(prov.index.calls_named(owner.name.value))
+    for method in owner.body.body:
+        if isinstance(method, cst.FunctionDef) and _is_classmethod(method):
+            first = method.params.params[0].name.value if method.params.params else None
+            named = prov.index.calls_named(first) if first is not None else ()
+            calls.extend(call for call in named if prov.within(call, method))
+    return calls
+
+
+def _is_none(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
+def _is_classmethod(function: cst.FunctionDef) -> bool:
+    return any(
+        isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod"
+        for d in function.decorators
+    )
 
 
 def _owner(prov: Provenance, function: cst.FunctionDef) -> cst.ClassDef | None:

@@ -32,6 +32,9 @@ class DtypeFact:
     origin: str = ""
     """Where another module of the project wrote the dtype (``from `WIRE_DTYPE` (pkg/policy.py:4)``),
     when it came through an import."""
+    passed_by: cst.Call | None = None
+    """The call of the module that passes this dtype for the parameter ``parameter`` (the
+    allocation takes a dtype parameter, and this is what one caller gives it)."""
 
     @property
     def is_float32(self) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
@@ -108,16 +109,16 @@ def _unpassed_default(prov: Provenance, binding: Binding) -> cst.BaseExpression 
     if not isinstance(function, cst.FunctionDef) or param.star:
         return None
     owner = _owning_class(prov, function)
-    callee = owner.name.value if owner is not None and function.name.value == "__init__" else None
-    callees = {function.name.value} if callee is None else {callee}
     ordered = [p for p in function.params.posonly_params] + list(function.params.params)
     position = next((i for i, p in enumerate(ordered) if p is param), None)
     if owner is not None and position is not None:
         position -= 1  # `self` / `cls` is not passed
-    for name in callees:
-        for call in prov.index.calls_named(name):
-            if _passes(call, param.name.value, position):
-                return None
+    if owner is not None and function.name.value == "__init__":
+        calls = callers.constructor_calls(prov, owner)
+    else:
+        calls = list(prov.index.calls_named(function.name.value))
+    if any(_passes(call, param.name.value, position) for call in calls):
+        return None
     return param.default
 
 

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow import activations
-from replaylint.lint.dataflow.facts import Kind, SetDtype, TensorFact, all_not_floating
+from replaylint.lint.dataflow.facts import (
+    CastValue,
+    Kind,
+    SetDtype,
+    TensorFact,
+    all_not_floating,
+)
 from replaylint.lint.dataflow.scalars import is_number, is_scalar
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.dataflow.torch_api import (
@@ -143,6 +149,8 @@ def promoted(
         (operand, where) for operand, where in operands if not is_scalar(prov, operand, where, env)
     ]
     tensors = [prov.tensor_facts(operand, where, env) for operand, where in kept]
+    if len(tensors) > 1:
+        tensors = [_operand_facts(prov, *k, env, t) for k, t in zip(kept, tensors, strict=True)]
     if not tensors:
         yield TensorFact(Kind.UNKNOWN, node)
         return
@@ -154,6 +162,12 @@ def promoted(
                 yield computed
                 return
         yield from tensors[0]
+        return
+    if all(f.kind is Kind.ACTIVATION for facts in tensors for f in facts):
+        # model tensors combined (`-self.A_log.exp() * F.softplus(self.a_proj(x))`): still the
+        # model's dtype; one finding for the result, not one per operand
+        detail = " and ".join(dict.fromkeys(f.detail for facts in tensors for f in facts))
+        yield TensorFact(Kind.ACTIVATION, node, detail=detail, target=CastValue(node))
         return
     ranks = [_rank(facts) for facts in tensors]
     if any(rank is None for rank in ranks):
@@ -168,6 +182,22 @@ def promoted(
         return
     for facts in floating:
         yield from (f for f in facts if f.kind is not Kind.FLOAT32)
+
+
+def _operand_facts(
+    prov: Provenance,
+    operand: cst.BaseExpression,
+    site: Site,
+    env: Env,
+    facts: tuple[TensorFact, ...],
+) -> tuple[TensorFact, ...]:
+    """An operand's facts; one of unknown dtype that is a weight or an activation of the model
+    (``self.A_log`` in ``self.A_log * x``) has the model's dtype."""
+    if facts and all(f.kind is Kind.UNKNOWN for f in facts):
+        computed = activations.activation_fact(prov, operand, operand, site, env, facts)
+        if computed is not None:
+            return (computed,)
+    return facts
 
 
 def _rank(facts: Sequence[TensorFact]) -> int | None:

@@ -210,16 +210,15 @@ class Provenance:
                     if default is not None and all(f.is_float32 for f in default):
                         facts.extend(DtypeFact(f.dtype, f.node, binding) for f in default)
                         continue
-                    facts.append(DtypeFact(None, expr, binding, parameter=binding.name))
+                    passed = callers.passed_dtype_facts(self, binding)  # what the calls give
+                    facts.extend(passed or (DtypeFact(None, expr, binding, binding.name),))
                 elif binding.kind == "assign" and binding.value is not None:
                     for fact in self.dtype_facts(binding.value, binding_site, env):
-                        facts.append(
-                            DtypeFact(fact.dtype, fact.node, binding, fact.parameter, fact.origin)
-                        )
+                        # a dtype a caller passes keeps the caller's binding: it was chosen there
+                        kept = fact.passed_by is not None
+                        facts.append(fact if kept else replace(fact, binding=binding))
                 elif (unpacked := self._unpacked_dtypes(binding, binding_site, env)) is not None:
-                    facts.extend(
-                        DtypeFact(f.dtype, f.node, binding, f.parameter, f.origin) for f in unpacked
-                    )
+                    facts.extend(replace(f, binding=binding) for f in unpacked)
                 else:
                     facts.append(DtypeFact(None, expr, binding))
             return tuple(facts)

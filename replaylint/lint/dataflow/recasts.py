@@ -27,10 +27,75 @@ if TYPE_CHECKING:
 
 
 def undone_for(prov: Provenance, call: cst.Call, site: Site, buffer: str) -> bool:
-    """Whether the module cast ``call`` is undone for the gate buffer named ``buffer`` by a
-    function its result goes into."""
-    takers = _takers(call, site, _names_of_result(call, site))
-    return any(buffer in _restored(prov, taker.func, site) for taker in takers)
+    """Whether the module cast ``call`` is undone for the gate buffer named ``buffer``: by a
+    function its result goes into, by a method of the module's classes called on its result
+    (``model.to(torch.bfloat16).restore_fp32_buffers_()``), or by an assignment later in the
+    scope into the cast module (``for layer in model.layers: layer.g_cache =
+    layer.g_cache.float()``)."""
+    names = _names_of_result(call, site)
+    takers = _takers(call, site, names)
+    if any(buffer in _restored(prov, taker.func, site) for taker in takers):
+        return True
+    return buffer in _chained_restores(prov, call, site) or _restored_later(
+        call, site, names, buffer
+    )
+
+
+def _chained_restores(prov: Provenance, call: cst.Call, site: Site) -> set[str]:
+    """What a method called on the cast's result puts back, for every class of the module that
+    defines a method of that name."""
+    found: set[str] = set()
+    for node in descendants(site.scope):
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.value is call
+        ):
+            name = node.func.attr.value
+            for cls in prov.index.classes():
+                body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+                for member in body:
+                    if isinstance(member, cst.FunctionDef) and member.name.value == name:
+                        found |= _restored_by(member)
+    return found
+
+
+def _restored_later(call: cst.Call, site: Site, names: set[str], buffer: str) -> bool:
+    """Whether the scope, after the cast, assigns ``buffer`` of the cast module (or of an
+    element of a loop over one of its attributes) a float32 value."""
+    cast_seen = False
+    loops: list[cst.For] = []
+    for node in descendants(site.scope):
+        if node is call:
+            cast_seen = True
+        elif not cast_seen:
+            continue
+        if isinstance(node, cst.For) and _rooted_in(node.iter, names):
+            loops.append(node)
+        if not (isinstance(node, cst.Assign) and _makes_float32(node.value)):
+            continue
+        for target in node.targets:
+            attribute = target.target
+            if not (isinstance(attribute, cst.Attribute) and attribute.attr.value == buffer):
+                continue
+            loop_names = {binding_name(loop.target) for loop in loops}
+            if _rooted_in(attribute.value, names | {n for n in loop_names if n}):
+                return True
+    return False
+
+
+def _rooted_in(expr: cst.BaseExpression, names: set[str]) -> bool:
+    """``model``, ``model.layers``, ``model.layers[0]`` or ``model.modules()`` for ``model`` in
+    ``names``."""
+    while True:
+        if isinstance(expr, cst.Name):
+            return expr.value in names
+        if isinstance(expr, cst.Attribute | cst.Subscript):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            expr = expr.func
+        else:
+            return False
 
 
 def _names_of_result(call: cst.Call, site: Site) -> set[str]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 _NUMBER_BUILTINS = frozenset({"float", "int"})
 # calls that make a 0-dim tensor of one number
 _ZERO_DIM_MAKERS = frozenset({"torch.tensor", "torch.as_tensor", "torch.scalar_tensor"})
+_REGISTERING = frozenset({"register_buffer", "register_parameter"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp, cst.Set, cst.Dict)
 
 
@@ -172,7 +173,7 @@ def _scalar_attribute(prov: Provenance, attribute: cst.Attribute, site: Site, en
     receiver = attribute.value
     owner = site.enclosing_class()
     if isinstance(receiver, cst.Name) and receiver.value == "self" and owner is not None:
-        values = list(_instance_values(prov, owner, name))
+        values = list(instance_values(prov, owner, name))
         if values:
             return all(_is_none(v) or is_scalar(prov, v, where, env) for v, where in values)
     return any(_annotates_number(cls, name) for cls in prov.index.classes())
@@ -193,7 +194,7 @@ def _annotates_number(cls: cst.ClassDef, name: str) -> bool:
     return False
 
 
-def _instance_values(
+def instance_values(
     prov: Provenance, cls: cst.ClassDef, name: str
 ) -> Iterator[tuple[cst.BaseExpression, Site]]:
     """What the methods of ``cls`` assign to ``self.<name>`` or register under ``name``."""
@@ -219,7 +220,7 @@ def _instance_values(
                     yield cst.Integer("0"), where
                 elif node.value is not None:
                     yield node.value, where
-            elif isinstance(node, cst.Call) and method_name(node) == "register_buffer":
+            elif isinstance(node, cst.Call) and method_name(node) in _REGISTERING:
                 args = positional_args(node)
                 if len(args) >= 2 and literal_string(args[0].value) == name:
                     yield args[1].value, where
@@ -235,4 +236,4 @@ def _is_self_attribute(target: cst.BaseExpression, name: str) -> bool:
     )
 
 
-__all__ = ["is_number", "is_scalar"]
+__all__ = ["instance_values", "is_number", "is_scalar"]

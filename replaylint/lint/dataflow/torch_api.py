@@ -95,8 +95,14 @@ TORCH_FACTORIES: frozenset[str] = frozenset(
         "empty_strided",
         "tensor",
         "as_tensor",
+        "linspace",
+        "logspace",
+        "eye",
     )
 )
+# Factories whose dtype follows their arguments unless ``dtype=`` is given (integers make int64):
+# allocations only with ``dtype=``.
+TORCH_RANGE_FACTORIES: frozenset[str] = frozenset({"torch.arange", "torch.range"})
 # torch factories that follow their first argument's dtype unless ``dtype=`` is given.
 TORCH_LIKE_FACTORIES: frozenset[str] = frozenset(
     f"torch.{name}_like" for name in ("empty", "zeros", "ones", "full", "rand", "randn")

@@ -84,7 +84,11 @@ def learn_gate_cache_names(
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
-            if name not in learned and learnable(name, known):
+            earlier = learned.get(name)
+            # a call that passes the name outranks a guess from its place
+            if (earlier is None or (earlier.guessed and not origin.guessed)) and learnable(
+                name, known
+            ):
                 learned[name] = origin
     return learned
 

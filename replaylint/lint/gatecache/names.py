@@ -34,6 +34,11 @@ _RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
 
 
+# how the reasons of names guessed from their neighbours begin
+NAMED_LIKE = "named like the gate ring"
+WRITTEN_AFTER = "written after"
+
+
 @dataclass(frozen=True)
 class LearnedFrom:
     """The entry-point call that made a name a gate-cache name (or, with ``reason``, what else
@@ -43,6 +48,12 @@ class LearnedFrom:
     row: int
     function: str
     reason: str = ""
+
+    @property
+    def guessed(self) -> bool:
+        """Whether the name was taken from its neighbours (the names beside it, its place after
+        the d and k rings) rather than from a call that passes it as the gate cache."""
+        return self.reason.startswith((NAMED_LIKE, WRITTEN_AFTER))
 
     def describe(self) -> str:
         if self.reason:

@@ -18,7 +18,7 @@ import ast
 import re
 from collections.abc import Iterator, Sequence
 
-from replaylint.lint.gatecache.names import LearnedFrom
+from replaylint.lint.gatecache.names import WRITTEN_AFTER, LearnedFrom
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
 
 _D_WORDS, _K_WORDS = frozenset(D_WORDS), frozenset(K_WORDS)
@@ -52,7 +52,7 @@ def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, Lea
             for first, second, third in zip(names, names[1:], names[2:], strict=False):
                 if first and second and third and _third_of_family(first, second, third):
                     reason = (
-                        f"written after `{first}` and `{second}`, in the place of the gate ring"
+                        f"{WRITTEN_AFTER} `{first}` and `{second}`, in the place of the gate ring"
                     )
                     yield third, LearnedFrom(filename, getattr(node, "lineno", 1), "", reason)
 

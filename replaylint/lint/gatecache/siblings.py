@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.names import NAMED_LIKE, GateCacheNames, LearnedFrom
 
 _IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 _METADATA = frozenset(
@@ -74,7 +74,7 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
             siblings = _siblings(words, position, identifiers)
             if siblings is not None:
                 d_name, k_name = siblings
-                reason = f"named like the gate ring `{gate}` beside `{d_name}` and `{k_name}`"
+                reason = f"{NAMED_LIKE} `{gate}` beside `{d_name}` and `{k_name}`"
                 derived[name] = LearnedFrom(filename, _first_row(text, name), "", reason)
                 break
     return derived

@@ -153,7 +153,7 @@ class Rule(Visitor):
         fact: TensorFact,
         target: Float32Target | None,
         message: str,
-        applicability: Applicability,
+        applicability: Applicability = Applicability.SAFE,
     ) -> FixDraft | None:
         """The fix for ``fact`` found at ``binding``; ``{float32}`` in ``message`` is spelled.
 

@@ -10,7 +10,14 @@ from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import FIX_SAFETY, WHY, binding_lines, literal_names, through
+from replaylint.lint.rules.wording import (
+    FIX_SAFETY,
+    WHY,
+    binding_lines,
+    literal_names,
+    reported_at,
+    through,
+)
 
 
 class ExplicitNonFp32Dtype(Rule):
@@ -25,14 +32,15 @@ into the decays at ring length 16, and float16 overflows once a prefix sum passe
 over the sequence instead of staying one token of noise. The d and k rings follow the model dtype;
 the gate ring must be float32 whatever the model dtype is.
 
-Recognised allocations: `torch.empty/zeros/ones/full/rand/randn/empty_strided/tensor/as_tensor`,
-their `*_like` forms and `x.new_empty/new_zeros/new_ones/new_full/new_tensor`, through any import
-alias (`import torch as th`, `from torch import zeros`), also when wrapped in `nn.Parameter(...)`
-or followed by dtype-preserving calls such as `.to(device)` or `.contiguous()`. Every dtype
-spelling is understood: `torch.half` is float16, `torch.double` float64, `torch.float` float32.
-The dtype is followed through local bindings in the function: `ring_dtype = torch.bfloat16` and
-then `dtype=ring_dtype` is an explicit bf16 allocation, reported here (a non-literal dtype is
-RL002's, so an allocation never gets both codes); a conditional with a bf16 branch is reported.
+Recognised allocations: `torch.empty/zeros/ones/full/rand/randn/empty_strided/tensor/as_tensor/
+linspace/logspace/eye`, `torch.arange` with a `dtype=`, the `*_like` forms and `x.new_empty/
+new_zeros/new_ones/new_full/new_tensor`, through any import alias, also when wrapped in
+`nn.Parameter(...)` or followed by calls that keep the dtype (`.to(device)`, `.contiguous()`).
+Every dtype spelling is understood (`torch.half` is float16, `torch.float` float32). The dtype is
+followed through local bindings (`ring_dtype = torch.bfloat16`, then `dtype=ring_dtype`; a
+non-literal dtype is RL002's, so an allocation never gets both codes), a conditional with a bf16
+branch is reported, and a dtype parameter that a call of the module fills with a bf16 literal is
+reported at that call (`make_rings(shape, torch.bfloat16)`), fixed at the allocation.
 
 The allocation is found behind the expressions that keep its dtype: arithmetic with Python numbers
 (`-torch.rand(...) * 0.1`), elementwise functions (`F.logsigmoid`, `torch.exp`, `.cumsum(-1)`),
@@ -59,15 +67,13 @@ re-exports through a package's `__init__`, relative imports), a function that re
 (`gate_ring_dtype()`, a constant, a lookup in a string table with a known key), a string table
 entry (`STR_DTYPE_TO_TORCH_DTYPE[flag]`), a class constant, a dataclass field of an instance built
 right there (`CacheConfig().ring_dtype`) or a property that returns a dtype. The message names the
-file and line the dtype was written at; the fix is made in the importing module, at the
-allocation. A name defined under a condition, bound twice or mutated in place is not followed;
-a field of an instance built elsewhere (`cfg.ring_dtype` with `cfg: CacheConfig`) vouches only
-for float32. A single text (stdin, the library API without a project index) reads only itself.
+file and line the dtype was written at; the fix is made at the allocation. A name defined under a
+condition, bound twice or mutated in place is not followed; a field of an instance built elsewhere
+(`cfg.ring_dtype`, `cfg: CacheConfig`) vouches only for float32. Stdin reads only itself.
 
 Allocation helpers of the project are followed too: `alloc_ring(shape, torch.bfloat16)` of a
 helper that allocates with its `dtype` parameter (fixed at the call's argument), a helper with a
-fixed non-float32 dtype inside (its fresh result is cast at the call), and partials or lambdas
-exported by another module (`zeros_wire(shape)` gets `dtype=torch.float32` at the call).
+fixed non-float32 dtype (its result is cast at the call), and other modules' partials or lambdas.
 
 A setting named for the gate cache's dtype (`gate_dtype`, `g_dtype`, `gate_ring_dtype`,
 `<gate cache>_dtype`) that holds a non-float32 literal is reported where it is written: a field
@@ -103,11 +109,6 @@ checked.
             """
             import torch
             g_cache = torch.zeros(slots, hv, ring, k, dtype=torch.float32, device=device)
-            """
-        ),
-        Valid(
-            """
-            import torch
             # torch.float is float32
             self.g_cache = torch.empty(shape, dtype=torch.float)
             """
@@ -591,10 +592,9 @@ checked.
                 continue
             dtypes = literal_names(fact.non_float32_literals)
             origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)
+            fix = self.fix_for(binding, fact, fact.target, "Allocate it as {float32}")
             self.report(
-                fact.node,
+                reported_at(fact, self.context.gate_caches),
                 f"{self.subject(binding)} is allocated as {dtypes}{origin}; {WHY}{self.withheld(binding, fact)}",
-                fix=self.fix_for(
-                    binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
-                ),
+                fix=fix,
             )

@@ -6,7 +6,14 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import FIX_SAFETY, WHY, describe_dtype, is_spread, through
+from replaylint.lint.rules.wording import (
+    FIX_SAFETY,
+    WHY,
+    describe_dtype,
+    is_spread,
+    reported_at,
+    through,
+)
 
 
 class NonLiteralDtype(Rule):
@@ -185,6 +192,17 @@ deliberately keeps a float64 gate ring for a reference computation should say so
             rings = [make_gate_ring(4), make_gate_ring(slots=8)]
             """
         ),
+        Valid(
+            """
+            import torch
+
+            def gate_ring(shape, dtype):
+                return {"g_cache": torch.zeros(shape, dtype=dtype)}
+
+            # the module's only call passes float32
+            rings = gate_ring((4, 16), torch.float32)
+            """
+        ),
     )
     INVALID = (
         Invalid(
@@ -311,6 +329,35 @@ deliberately keeps a float64 gate ring for a reference computation should say so
             """,
             message_contains="`factory_kwargs`, whose `dtype` entry is `dtype`, a parameter",
         ),
+        Invalid(
+            """
+            import torch
+
+            class ReplayCache:
+                def __init__(self, shape, dtype, gate_dtype=torch.float32):
+                    self.d_cache = torch.zeros(shape, dtype=dtype)
+                    self.g_cache = torch.zeros(shape, dtype=gate_dtype)
+
+                @classmethod
+                def from_config(cls, config, shape):
+                    # reported here: the class is right to take a gate dtype, this call is not
+                    return cls(shape, config.dtype, gate_dtype=config.dtype)
+            """,
+            expected_fix="""
+            import torch
+
+            class ReplayCache:
+                def __init__(self, shape, dtype, gate_dtype=torch.float32):
+                    self.d_cache = torch.zeros(shape, dtype=dtype)
+                    self.g_cache = torch.zeros(shape, dtype=torch.float32)
+
+                @classmethod
+                def from_config(cls, config, shape):
+                    # reported here: the class is right to take a gate dtype, this call is not
+                    return cls(shape, config.dtype, gate_dtype=config.dtype)
+            """,
+            message_contains="a parameter that the call at line 11 passes as `config.dtype`",
+        ),
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
@@ -324,7 +371,7 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                 binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
             self.report(
-                fact.node,
+                reported_at(fact),
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
                 f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,

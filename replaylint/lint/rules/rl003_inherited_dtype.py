@@ -45,20 +45,20 @@ over a partial's. In a run over a project, helpers, partials and lambdas importe
 module of the project are followed as well, and the finding names the file and line of the
 helper.
 
-A gate cache computed from a parameter (`torch.cat([tail, pad])`, `g.cumsum(-1) / temperature`,
-`F.logsigmoid(x)` over a list) keeps the dtype callers pass. When every call of the function in the
-module passes a tensor of one dtype other than float32 (a cast, a helper that returns one, an
-element of a tuple a helper returns), the finding names that dtype; Python numbers (`float(...)`,
-`t.item()`, a parameter annotated `float`) do not promote it, a float32 operand does. A call from
-another module is not seen.
+A gate cache computed from a parameter (`torch.cat([tail, pad])`, `g.cumsum(-1) / temperature`)
+keeps the dtype callers pass. When every call of the function in the module passes a tensor of one
+dtype other than float32 (a cast, a helper's result, an element of a tuple a helper returns), the
+finding names it; numbers (`float(...)`, `t.item()`, a parameter annotated `float`) do not
+promote it, a float32 operand does. A call from another module is not seen.
 
 A gate cache computed from activations (a layer's output, a `forward` argument, an argument the
-module's calls fill with activations) by elementwise steps with numbers or 0-dim tensors only
-(`bound * self.f_proj(x).sigmoid()`, `F.logsigmoid(logits) / normalizer`) has the model's dtype;
-it is reported where it is computed, also in a method whose result becomes the gate cache.
+module's calls fill with activations) and weights made in the model's dtype (`self.A_log =
+nn.Parameter(torch.empty(hv, dtype=dtype))`) by elementwise steps, numbers and 0-dim tensors
+(`bound * self.f_proj(x).sigmoid()`, `-self.A_log.exp() * F.softplus(a)`) has the model's dtype;
+it is reported where it is computed, also in a method whose result becomes the gate cache. A
+weight made float32 promotes the result, unless a module cast converts it, which is not assumed.
 
-Not reported: a copy or `*_like` of a tensor known to be float32 (another gate cache, a local
-allocated as float32), and `x.clone()` of a tensor cast with `.float()`.
+Not reported: a copy or `*_like` of a float32 tensor, and `x.clone()` of one cast with `.float()`.
 """
     FIX = (
         """\
@@ -188,12 +188,11 @@ copies, so a view of the caller's tensor stops sharing its storage.
             import torch.nn.functional as F
             from torch import nn
 
-
-            class Gate(nn.Module):  # a cast first; an operand of unknown dtype may promote
+            class Gate(nn.Module):  # a cast first; a float32 weight with dimensions promotes
                 def __init__(self, dim, g_cache):
                     super().__init__()
                     self.f_proj = nn.Linear(dim, dim)
-                    self.A_log = nn.Parameter(torch.zeros(dim))
+                    self.A_log = nn.Parameter(torch.zeros(dim, dtype=torch.float32))
                     self.g_cache = g_cache  # a ring passed in: checked where it is made
 
                 def forward(self, hidden):
@@ -494,14 +493,14 @@ copies, so a view of the caller's tensor stops sharing its storage.
             import torch.nn.functional as F
             from torch import nn
 
-
             class DraftHead(nn.Module):
                 def __init__(self, dim):
                     super().__init__()
                     self.gate_proj = nn.Linear(dim, dim)
+                    self.A_log = nn.Parameter(torch.zeros(dim))  # a weight: the model's dtype
 
                 def log_decay(self, logits):
-                    return F.logsigmoid(logits) / 16.0
+                    return -self.A_log.exp() * F.softplus(logits)
 
                 def forward(self, hidden):
                     # a layer's output has the model's dtype; a number does not promote it
@@ -516,14 +515,14 @@ copies, so a view of the caller's tensor stops sharing its storage.
             import torch.nn.functional as F
             from torch import nn
 
-
             class DraftHead(nn.Module):
                 def __init__(self, dim):
                     super().__init__()
                     self.gate_proj = nn.Linear(dim, dim)
+                    self.A_log = nn.Parameter(torch.zeros(dim))  # a weight: the model's dtype
 
                 def log_decay(self, logits):
-                    return F.logsigmoid(logits) / 16.0
+                    return -self.A_log.exp() * F.softplus(logits)
 
                 def forward(self, hidden):
                     # a layer's output has the model's dtype; a number does not promote it
@@ -533,7 +532,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
                 def seed(self, hidden):
                     self.replayssm_g = self.forward(hidden).to(torch.float32)
             """,
-            message_contains="a layer's output, with elementwise steps and numbers only",
+            message_contains="a layer's output, by steps that keep the model's dtype",
         ),
     )
 
@@ -554,7 +553,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
             else:
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"
                 action = "Allocate it with dtype={float32}"
-            fix = self.fix_for(binding, fact, fact.target, action, Applicability.SAFE)
+            fix = self.fix_for(binding, fact, fact.target, action)
             self.report(
                 fact.node,
                 f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
@@ -563,11 +562,12 @@ copies, so a view of the caller's tensor stops sharing its storage.
 
     def _activation(self, binding: GateCacheBinding, fact: TensorFact) -> None:
         """Computed from activations: reported where it is computed, cast where it becomes the
-        gate cache (other uses of the computed value keep theirs)."""
-        message = (
-            f"{self.subject(binding)} is computed from {fact.detail}, with elementwise steps and "
-            "numbers only, so it has the activations' dtype (the model's), not float32"
-        )
+        gate cache; not in a local whose name is only guessed (a forward's `log_decay`)."""
+        origin = self.context.gate_caches.learned_from(binding.name)
+        if origin is not None and origin.guessed and binding.display == binding.name:
+            return
+        message = f"{self.subject(binding)} is computed from {fact.detail}, by steps that keep "
+        message += "the model's dtype (elementwise, numbers, weights, activations), not float32"
         self.report(
             fact.node, f"{message}{through(self.context, fact)}; {WHY}", fix=self._cast(binding)
         )
@@ -588,9 +588,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
         if isinstance(target, AddDtypeArgument) and target.node is binding.value:
             # `x.new_zeros(...)` of what callers pass: allocate it as float32
             message = f"allocated without a dtype, so it takes the dtype of {details}"
-            fix = self.fix_for(
-                binding, facts[0], target, "Allocate it with dtype={float32}", Applicability.SAFE
-            )
+            fix = self.fix_for(binding, facts[0], target, "Allocate it with dtype={float32}")
             self.report(binding.value, f"{self.subject(binding)} is {message}; {WHY}", fix=fix)
             return
         self.report(

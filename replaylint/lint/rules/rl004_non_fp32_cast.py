@@ -63,7 +63,9 @@ buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` m
 `replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
 puts them back to float32; nor when the cast's result goes straight into a function that puts
 them back (`FastModel.for_inference(model.half())` setting `module.g_cache =
-module.g_cache.float()`); nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
+module.g_cache.float()`), into such a method of the module's classes called on it
+(`model.half().restore_fp32_buffers_()`), or when the scope puts them back after the cast
+(`for layer in model.layers: layer.g_cache = layer.g_cache.float()`); nor when the instance is guarded (`keep_fp32_gate_caches(model)`), the
 cast is to float32 or float64 (which loses nothing; the kernel refuses float64 with an error), or
 the gate buffer is registered in another dtype already (reported where it is registered).
 """

@@ -91,6 +91,8 @@ def describe_dtype(
     parameter```."""
     described = f"`{one_line(context.module, expression)}`"
     for fact in facts:
+        if fact.dtype is None and fact.passed_by is not None:
+            return f"{described}, {_passed(context, fact)}"
         if fact.dtype is not None or fact.binding is None:
             continue
         if through_mapping and fact.node is not expression:
@@ -105,6 +107,44 @@ def describe_dtype(
     return described
 
 
+def _passed(context: FileContext, fact: DtypeFact) -> str:
+    """``a parameter that the call at line 15 passes as `config.gate_dtype` (line 14)``."""
+    assert fact.passed_by is not None
+    line = context.line_of(fact.passed_by)
+    value = f"`{one_line(context.module, fact.node, 50)}`"
+    written = context.line_of(_decided_at(fact))
+    return f"a parameter that the call at line {line} passes as {value}" + (
+        f" (line {written})" if written != line else ""
+    )
+
+
+def _decided_at(fact: DtypeFact) -> cst.CSTNode:
+    """Where a passed dtype was decided: the caller's local it came through, or the value."""
+    binding = fact.binding
+    if binding is not None and binding.kind == "assign":
+        return binding.node
+    return fact.node
+
+
+def reported_at(fact: TensorFact, settings: GateCacheNames | None = None) -> cst.CSTNode:
+    """Where a finding on ``fact`` goes: where the allocation takes its dtype, or, when a dtype
+    that is not float32 is one that a call of the module passes for a parameter meant for the
+    gate cache, at the first such value: the allocation is right to take a parameter, the
+    caller chose the dtype. (The fix stays at the allocation, which then no longer depends on
+    its callers.) With ``settings``, a literal passed for a parameter named for the gate
+    cache's dtype is left where it is: RL001 reports that setting where the caller writes it."""
+    passed = [
+        f
+        for f in fact.dtypes
+        if not f.is_float32
+        and f.passed_by is not None
+        and not (settings and f.parameter and settings.names_gate_dtype(f.parameter))
+    ]
+    # a value the caller decides goes before one that only passes its own parameter on
+    passed.sort(key=lambda f: f.binding is not None and f.binding.kind == "param")
+    return _decided_at(passed[0]) if passed else fact.node
+
+
 def literal_names(dtypes: Iterable[str]) -> str:
     """``torch.bfloat16 or torch.float16``."""
     return " or ".join(f"torch.{dtype}" for dtype in dtypes)
@@ -116,7 +156,11 @@ def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
     seen: list[str] = []
     origins: list[str] = []
     for fact in facts:
-        if fact.binding is not None and fact.dtype is not None:
+        if fact.passed_by is not None and fact.dtype is not None:
+            text = f"`{fact.parameter}`, {_passed(context, fact)}"
+            if text not in seen:
+                seen.append(text)
+        elif fact.binding is not None and fact.dtype is not None:
             text = f"`{fact.binding.name}`, line {context.line_of(fact.binding.node)}"
             if text not in seen:
                 seen.append(text)
