@@ -8,6 +8,8 @@ Such a gate ring is only float32 when something casts it. Which tensors count as
 * an argument of the function (not ``self``, not one annotated as a number or a string);
 * the output of one of the module's layers: a call on an attribute of ``self``
   (``self.f_proj(x)``, ``self.attn.gate_projection(h)``) that is not a method the module defines;
+* a weight of the module made in the model's dtype (``self.A_log = nn.Parameter(torch.empty(hv,
+  dtype=dtype))``); one made float32 promotes what it meets, and is not one;
 * what views, indexing, elementwise functions and arithmetic with numbers make of those.
 
 The analysis asks this only of an expression whose dtype it cannot tell otherwise, and only where
