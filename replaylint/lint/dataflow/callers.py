@@ -80,9 +80,11 @@ def passed_dtype_facts(prov: Provenance, binding: Binding) -> tuple[DtypeFact, .
     """The dtypes the module's calls pass for the dtype parameter ``binding``
     (``alloc(shape, torch.float32)``, ``cls(..., gate_dtype=config.gate_dtype)``), each marked
     with its call; None when the module does not call the function, a call cannot be read, or
-    one leaves the parameter to its default (a default no call overrides is decided elsewhere).
+    one leaves a None default that the function does not replace (torch's default dtype). A
+    call that leaves another default passes that default.
 
-    Float32 from every call decides the parameter. Anything else is the callers' choice only for
+    Float32 from every call decides the parameter (calls from other modules are not seen, as for
+    a default no call overrides). Anything else is the callers' choice only for
     a parameter meant for the gate cache (named for its dtype, or read once: by the gate
     cache's allocation); a general ``dtype`` that the d and k rings take too is the
     allocation's to override, and stays a parameter."""
