@@ -20,7 +20,7 @@ from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact, definite
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.torch_api import FLOAT32, NON_FLOATING_DTYPES
-from replaylint.lint.syntax.nodes import keyword_arg, read_names
+from replaylint.lint.syntax.nodes import decorated, is_none_literal, keyword_arg, read_names
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def passed_dtype_facts(prov: Provenance, binding: Binding) -> tuple[DtypeFact, .
     function = binding.scope
     assert isinstance(function, cst.FunctionDef)  # a parameter of a function the module calls
     rebound = len(prov.index.scope(function).bindings.get(binding.name, ())) > 1
-    if any(call is None and _is_none(value) and not rebound for call, (value, _) in passed):
+    if any(call is None and is_none_literal(value) and not rebound for call, (value, _) in passed):
         return None  # left to a None default: torch's default dtype, decided elsewhere
     if not prov.enter():
         return None
@@ -104,7 +104,7 @@ def passed_dtype_facts(prov: Provenance, binding: Binding) -> tuple[DtypeFact, .
         facts = tuple(
             replace(fact, parameter=binding.name, passed_by=call)
             for call, (value, site) in passed
-            if not (call is None and _is_none(value))
+            if not (call is None and is_none_literal(value))
             for fact in prov.dtype_facts(value, site)
         )
     finally:
@@ -177,22 +177,11 @@ def constructor_calls(prov: Provenance, owner: cst.ClassDef) -> list[cst.Call]:
     its classmethods."""
     calls = list(prov.index.calls_named(owner.name.value))
     for method in owner.body.body:
-        if isinstance(method, cst.FunctionDef) and _is_classmethod(method):
+        if isinstance(method, cst.FunctionDef) and decorated(method, "classmethod"):
             first = method.params.params[0].name.value if method.params.params else None
             named = prov.index.calls_named(first) if first is not None else ()
             calls.extend(call for call in named if prov.within(call, method))
     return calls
-
-
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
-def _is_classmethod(function: cst.FunctionDef) -> bool:
-    return any(
-        isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod"
-        for d in function.decorators
-    )
 
 
 def _owner(prov: Provenance, function: cst.FunctionDef) -> cst.ClassDef | None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.syntax.nodes import dotted_name, literal_string, positional_args
+from replaylint.lint.syntax.nodes import decorated, dotted_name, literal_string, positional_args
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
 
@@ -117,7 +117,7 @@ def attribute_values(
         for statement in owner.body.body:
             if not isinstance(statement, cst.FunctionDef) or _is_static(statement):
                 continue
-            if _decorated(statement, "classmethod"):
+            if decorated(statement, "classmethod"):
                 continue  # `cls.x = ...` sets the class, not an instance
             params = statement.params.params or statement.params.posonly_params
             if not params:
@@ -335,7 +335,7 @@ class _Resolver:
                 if (
                     owner is not None
                     and isinstance(function, cst.FunctionDef)
-                    and _decorated(function, "classmethod")
+                    and decorated(function, "classmethod")
                 ):
                     return self.classes.family(owner)
                 return None
@@ -436,7 +436,7 @@ class _Resolver:
         if owner is None or not isinstance(function, cst.FunctionDef) or _is_static(function):
             return None
         params = function.params.params or function.params.posonly_params
-        if not params or params[0].name.value != name or _decorated(function, "classmethod"):
+        if not params or params[0].name.value != name or decorated(function, "classmethod"):
             return None
         found = self.prov.lookup(name, site) or []
         return owner if all(b.kind == "param" for b, _ in found) else None
@@ -531,12 +531,8 @@ def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
-def _decorated(function: cst.FunctionDef, name: str) -> bool:
-    return any(dotted_name(d.decorator) == name for d in function.decorators)
-
-
 def _is_static(function: cst.FunctionDef) -> bool:
-    return _decorated(function, "staticmethod")
+    return decorated(function, "staticmethod")
 
 
 def _without_not(test: cst.BaseExpression) -> tuple[str, bool]:

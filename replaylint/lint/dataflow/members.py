@@ -19,7 +19,7 @@ from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args
+from replaylint.lint.syntax.nodes import dotted_name, is_none_literal, keyword_arg, positional_args
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import syntax_children
 
@@ -70,7 +70,7 @@ def parameter_default(prov: Provenance, binding: Binding, env: Env) -> tuple[Dty
 def is_none(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
     """Whether ``expr`` is provably None: the literal, or a parameter defaulting to None that no
     call in the module passes (``dtype or torch.float32`` is then the right operand)."""
-    if isinstance(expr, cst.Name) and expr.value == "None":
+    if is_none_literal(expr):
         return True
     if not isinstance(expr, cst.Name):
         return False
@@ -78,7 +78,7 @@ def is_none(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
     if not found or len(found) != 1 or found[0][0].kind != "param":
         return False
     default = _unpassed_default(prov, found[0][0])
-    return isinstance(default, cst.Name) and default.value == "None"
+    return default is not None and is_none_literal(default)
 
 
 def returned_dtype(prov: Provenance, call: cst.Call, site: Site) -> tuple[DtypeFact, ...] | None:

@@ -17,7 +17,12 @@ import libcst as cst
 from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
-from replaylint.lint.syntax.nodes import literal_string, method_name, positional_args
+from replaylint.lint.syntax.nodes import (
+    is_none_literal,
+    literal_string,
+    method_name,
+    positional_args,
+)
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
 
@@ -103,7 +108,7 @@ def _scalar(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) ->
         return is_scalar(prov, expr.left, site, env) or is_scalar(prov, expr.right, site, env)
     if isinstance(expr, cst.IfExp):
         return all(
-            _is_none(branch) or is_scalar(prov, branch, site, env)
+            is_none_literal(branch) or is_scalar(prov, branch, site, env)
             for branch in (expr.body, expr.orelse)
         )
     if isinstance(expr, cst.Name) and bound_in(env, expr) is None:
@@ -112,7 +117,7 @@ def _scalar(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) ->
             (
                 binding.value is not None
                 and binding.kind == "assign"
-                and (_is_none(binding.value) or is_scalar(prov, binding.value, where, env))
+                and (is_none_literal(binding.value) or is_scalar(prov, binding.value, where, env))
             )
             or (
                 binding.kind == "param"
@@ -135,10 +140,6 @@ def _one_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
     return is_scalar(prov, expr, site, env)
 
 
-def _is_none(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "None"
-
-
 def _numeric_annotation(annotation: cst.Annotation | None) -> bool:
     """``float``, ``int``, ``float | None``, ``Optional[float]``."""
     if annotation is None:
@@ -152,7 +153,7 @@ def _numeric_type(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
         parts = (node.left, node.right)
         return any(_numeric_type(p) for p in parts) and all(
-            _numeric_type(p) or _is_none(p) for p in parts
+            _numeric_type(p) or is_none_literal(p) for p in parts
         )
     if isinstance(node, cst.Subscript) and isinstance(node.value, (cst.Name, cst.Attribute)):
         name = node.value.value if isinstance(node.value, cst.Name) else node.value.attr.value
@@ -175,7 +176,7 @@ def _scalar_attribute(prov: Provenance, attribute: cst.Attribute, site: Site, en
     if isinstance(receiver, cst.Name) and receiver.value == "self" and owner is not None:
         values = list(instance_values(prov, owner, name))
         if values:
-            return all(_is_none(v) or is_scalar(prov, v, where, env) for v, where in values)
+            return all(is_none_literal(v) or is_scalar(prov, v, where, env) for v, where in values)
     return any(_annotates_number(cls, name) for cls in prov.index.classes())
 
 

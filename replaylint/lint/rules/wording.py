@@ -126,19 +126,19 @@ def _decided_at(fact: DtypeFact) -> cst.CSTNode:
     return fact.node
 
 
-def reported_at(fact: TensorFact, settings: GateCacheNames | None = None) -> cst.CSTNode:
+def reported_at(fact: TensorFact, names: GateCacheNames | None = None) -> cst.CSTNode:
     """Where a finding on ``fact`` goes: where the allocation takes its dtype, or, when a dtype
     that is not float32 is one that a call of the module passes for a parameter meant for the
     gate cache, at the first such value: the allocation is right to take a parameter, the
     caller chose the dtype. (The fix stays at the allocation, which then no longer depends on
-    its callers.) With ``settings``, a literal passed for a parameter named for the gate
+    its callers.) With the file's gate-cache ``names``, a literal passed for a parameter named for the gate
     cache's dtype is left where it is: RL001 reports that setting where the caller writes it."""
     passed = [
         f
         for f in fact.dtypes
         if not f.is_float32
         and f.passed_by is not None
-        and not (settings and f.parameter and settings.names_gate_dtype(f.parameter))
+        and not (names and f.parameter and names.names_gate_dtype(f.parameter))
     ]
     # a value the caller decides goes before one that only passes its own parameter on
     passed.sort(key=lambda f: f.binding is not None and f.binding.kind == "param")
@@ -156,14 +156,13 @@ def binding_lines(context: FileContext, facts: Iterable[DtypeFact]) -> str:
     seen: list[str] = []
     origins: list[str] = []
     for fact in facts:
+        text = None
         if fact.passed_by is not None and fact.dtype is not None:
             text = f"`{fact.parameter}`, {_passed(context, fact)}"
-            if text not in seen:
-                seen.append(text)
         elif fact.binding is not None and fact.dtype is not None:
             text = f"`{fact.binding.name}`, line {context.line_of(fact.binding.node)}"
-            if text not in seen:
-                seen.append(text)
+        if text is not None and text not in seen:
+            seen.append(text)
         if fact.origin and fact.dtype is not None and fact.origin not in origins:
             origins.append(fact.origin)
     pieces = [f"through {'; '.join(seen)}"] if seen else []

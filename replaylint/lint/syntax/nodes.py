@@ -22,6 +22,16 @@ def dotted_name(node: cst.CSTNode) -> str | None:
     return ".".join(reversed(parts))
 
 
+def decorated(function: cst.FunctionDef, name: str) -> bool:
+    """Whether ``function`` carries the decorator ``name`` (``classmethod``, ``staticmethod``)."""
+    return any(dotted_name(d.decorator) == name for d in function.decorators)
+
+
+def is_none_literal(expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is the literal ``None``."""
+    return isinstance(expr, cst.Name) and expr.value == "None"
+
+
 def binding_name(target: cst.BaseExpression) -> str | None:
     """The name a target binds: ``x`` -> x, ``a.b.x`` -> x, ``d["x"]`` -> x."""
     if isinstance(target, cst.Name):
