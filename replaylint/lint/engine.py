@@ -114,8 +114,10 @@ class Linter:
             names,
             [checker.check_binding for checker in checkers if checker.wants_bindings()],
             source=source,
-            imported_lists=(
-                (lambda: view.index.imported_lists(view.module)) if view is not None else None
+            imported_list=(
+                (lambda name: view.index.imported_list(view.module, name))
+                if view is not None
+                else None
             ),
         )
         context.site = walker.site

@@ -8,6 +8,7 @@ is read — each computed on first use and kept for the file's other questions.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 
 import libcst as cst
@@ -18,6 +19,9 @@ from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
+
+_ASSIGNMENT_OPERATOR = r"(?:[-+*/%&|^@]|//|\*\*|<<|>>)?=(?!=)"
+"""``=`` or an augmented assignment's operator, not ``==``."""
 
 
 class ModuleIndex:
@@ -39,6 +43,7 @@ class ModuleIndex:
         self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
         self._next: dict[int, cst.BaseStatement] | None = None
+        self._unassigned: dict[str, bool] = {}
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
@@ -112,9 +117,22 @@ class ModuleIndex:
         """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or sets
         attributes by name (``setattr``), anywhere."""
         if self._assigned is None:
+            if self._never_assigned(name):
+                return False
             self._collect()
         assert self._assigned is not None
         return name in self._assigned or "*" in self._assigned
+
+    def _never_assigned(self, name: str) -> bool:
+        """Whether the text rules out every assignment of ``<anything>.<name>`` and every
+        ``setattr``: a superset of what the walk finds, read without walking the tree."""
+        if self.source is None or not name.isidentifier() or "setattr" in self.source:
+            return False
+        known = self._unassigned.get(name)
+        if known is None:
+            written = re.compile(rf"\.[\s\\]*{name}[\s\\)]*(?::|{_ASSIGNMENT_OPERATOR})")
+            known = self._unassigned[name] = written.search(self.source) is None
+        return known
 
     def next_statement(self, statement: cst.CSTNode | None) -> cst.BaseStatement | None:
         """The statement that follows ``statement`` in its block, if any."""

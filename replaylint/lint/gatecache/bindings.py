@@ -10,7 +10,7 @@ binding to every rule that asks for bindings, in rule order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -62,13 +62,13 @@ class BindingWalker(Visitor):
         names: GateCacheNames,
         receivers: Sequence[BindingReceiver] = (),
         source: str | None = None,
-        imported_lists: Callable[[], Iterable[str]] | None = None,
+        imported_list: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__()
-        self._read_imported_lists = imported_lists
-        """The names modules this one imports from make lists; read (and so depended on) only
-        when a local answer is no."""
-        self._imported_lists: frozenset[str] | None = None
+        self._imported_list = imported_list
+        """Whether a module this one imports from makes a name a list; asked (and so depended
+        on) only when a local answer is no."""
+        self._imported_lists: dict[str, bool] = {}
         self.module = module
         self.source = source
         """The module's text, when known: it rules out most list questions without a walk."""
@@ -243,10 +243,12 @@ class BindingWalker(Visitor):
                 return True
         if not held_elsewhere:
             return False
-        if self._imported_lists is None:
-            read = self._read_imported_lists
-            self._imported_lists = frozenset(read() if read is not None else ())
-        return name in self._imported_lists and self.names.matches(name)
+        if self._imported_list is None or not self.names.matches(name):
+            return False
+        known = self._imported_lists.get(name)
+        if known is None:
+            known = self._imported_lists[name] = self._imported_list(name)
+        return known
 
     def _maybe_list_words(self) -> frozenset[str]:
         if self._maybe_lists is None:

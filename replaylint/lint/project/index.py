@@ -34,6 +34,9 @@ SummaryLoader = Callable[[str], "tuple[Summary | None, str]"]
 """Reads the summary of the file at a path (None when it cannot be read or parsed) and the
 file's content digest."""
 
+ContentReader = Callable[[str], "tuple[bytes, str] | None"]
+"""Reads the bytes of the file at a path and their digest (None when it cannot be read)."""
+
 
 @dataclass(frozen=True)
 class Origin:
@@ -130,9 +133,13 @@ class ProjectIndex:
     holder_example: ImportedGateBuffer | None = None
     """One gate buffer such a class holds: what a cast of a module of unknown class is
     reported against."""
+    reader: ContentReader | None = None
+    """Reads a module's bytes: a question about one name then skips the summary (a parse) of a
+    module whose text never spells the name."""
     _summaries: dict[str, tuple[Summary | None, str]] = field(default_factory=dict)
     _by_path: dict[str, str] = field(default_factory=dict)
     _used: dict[str, str] = field(default_factory=dict)
+    _contents: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
     def module_of(self, path: str) -> str | None:
         """The module name of the file at ``path``, when it is one of the project's."""
@@ -161,19 +168,41 @@ class ProjectIndex:
         self._used[os.path.abspath(path)] = loaded[1]
         return loaded[0]
 
-    def imported_lists(self, module: str) -> frozenset[str]:
-        """Attributes that the project modules ``module`` imports from make lists (a class
-        defined there keeps its rings in a list)."""
+    def imported_list(self, module: str, attribute: str) -> bool:
+        """Whether a project module that ``module`` imports from makes ``attribute`` a list (a
+        class defined there keeps its rings in a list)."""
         summary = self.summary(module)
         if summary is None:
-            return frozenset()
-        found: set[str] = set()
+            return False
         for spec, _ in summary["imports"]:
             absolute = self.absolute(module, str(spec))
-            imported = self.summary(absolute) if absolute is not None else None
-            if imported is not None:
-                found.update(imported.get("lists", ()))
-        return frozenset(found)
+            if absolute is None or not self._may_spell(absolute, attribute):
+                continue
+            imported = self.summary(absolute)
+            if imported is not None and attribute in imported.get("lists", ()):
+                return True
+        return False
+
+    def _may_spell(self, module: str, name: str) -> bool:
+        """Whether ``module``'s text may spell ``name``. A module read here and found without it
+        is recorded as used, by its digest, as a summary read would be."""
+        path = self.modules.get(module)
+        if path is None or module in self._summaries or self.reader is None:
+            return True
+        if not name.isascii():
+            return True  # the module's encoding decides how it is spelled
+        absolute = os.path.abspath(path)
+        read = self._contents.get(absolute)
+        if read is None:
+            found = self.reader(path)
+            if found is None:
+                return True  # the summary's loader reports what it can
+            read = self._contents[absolute] = found
+        raw, content = read
+        if name.encode() in raw:
+            return True
+        self._used[absolute] = content
+        return False
 
     def path_of(self, module: str) -> str:
         return self.modules.get(module, module)

@@ -56,8 +56,19 @@ class RunModules:
         if self._index is None:
             from replaylint.lint.project.index import ProjectIndex, module_names
 
-            self._index = ProjectIndex(module_names(str(p) for p in self._paths), self._load)
+            self._index = ProjectIndex(
+                module_names(str(p) for p in self._paths), self._load, reader=self._read
+            )
         return self._index
+
+    def _read(self, path: str) -> tuple[bytes, str] | None:
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            return None
+        known = self.digests.get(os.path.abspath(path), "")
+        return raw, known or digest(raw)
 
     def _load(self, path: str) -> tuple[Summary | None, str]:
         known = self.digests.get(os.path.abspath(path), "")
