@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import textwrap
 
+import libcst as cst
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replaylint.lint.config.settings import Settings
+from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.model import Applicability
 
 
@@ -403,6 +406,19 @@ def test_a_class_constant_does_not_vouch_for_an_attribute_another_class_assigns(
             """,
             [],
         ),
+        # a `*` of a comprehension over a literal passes that many values: the places after it
+        # are known (`g16` is the tenth argument), though the elements themselves are not
+        (
+            """
+            import torch
+            def step(shape, make, d, k, state, out, rows, pos):
+                sizes = [(2, 8), (2, 4), (2, 2), (2,), (4,)]
+                inputs = [make(size) for size in sizes]
+                g16 = torch.zeros(shape, dtype=torch.bfloat16)
+                return fused_replayssm_decode(*inputs, 0.5, state, d, k, g16, out, rows, pos)
+            """,
+            [(6, "RL007")],
+        ),
         # a `*` whose length is not known hides every later position
         (
             """
@@ -529,3 +545,58 @@ def test_ranges_and_spaced_values(value: str, expected: list[tuple[int, str]]) -
                 self.g_cache = {value}
         """
     assert _check("import torch\n" + textwrap.dedent(source).lstrip("\n")) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "assigned"),
+    [
+        ("self.ring_names = names\n", True),
+        ("pool.ring_names += extra\n", True),
+        ("self.ring_names: tuple[str, ...] = ()\n", True),
+        ("(self.ring_names) = names\n", True),
+        ("self . ring_names \\\n    = names\n", True),
+        ("setattr(pool, key, value)\n", True),  # any attribute, by name
+        ("if self.ring_names == names:\n    pass\n", False),
+        ("ring_names = self.ring_names\n", False),
+        ("self.ring_names_all = names\n", False),
+        ("x = {self.ring_names: 1}\n", False),  # the text alone cannot tell: the walk does
+    ],
+)
+def test_attribute_assignments_read_from_the_text_agree_with_the_walk(
+    source: str, assigned: bool
+) -> None:
+    module = cst.parse_module(source)
+    with_text = ModuleIndex(module, GateCacheNames(), source)
+    walked = ModuleIndex(module, GateCacheNames())
+    assert with_text.assigns_attribute("ring_names") is assigned
+    assert walked.assigns_attribute("ring_names") is assigned
+
+
+@pytest.mark.parametrize(
+    ("cast", "expected"),
+    [
+        ("TORCH_DTYPE_MAP[cfg.dtype]", [(10, "RL004"), (14, "RL004")]),
+        ("TORCH_DTYPE_MAP[name]", [(10, "RL004"), (14, "RL004")]),
+        ('TORCH_DTYPE_MAP["float32"]', []),
+        ("devices[cfg.device]", []),  # a table of something else: a device move, perhaps
+    ],
+)
+def test_a_cast_to_an_entry_of_a_dtype_table(cast: str, expected: list[tuple[int, str]]) -> None:
+    source = f"""
+        import torch
+        from torch import nn
+        TORCH_DTYPE_MAP = {{"float32": torch.float32, "bfloat16": torch.bfloat16}}
+        class Attention(nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+        def export(model: nn.Module, cfg, name, devices) -> nn.Module:
+            model.g_cache.zero_()
+            return model.to({cast})
+        def squeeze(g_cache, cfg, name, devices):
+            if g_cache.numel() == 0:
+                return g_cache
+            g_cache = g_cache.to({cast})
+            return g_cache
+        """
+    assert _check(source, "RL004") == expected

@@ -66,6 +66,41 @@ def test_the_tenth_positional_argument_is_the_gate_cache() -> None:
     assert _learn("fused_replayssm_decode(*args, decay_ring, out)\n") == {}
 
 
+@pytest.mark.parametrize(
+    "spread",
+    [
+        "args = (q, a, b, A, dt)\n",
+        "args = [q, a, b, A, dt]\n",
+        "sizes = [1, 2, 3, 4, 5]\nargs = [torch.randn(s) for s in sizes]\n",
+        "args = tuple(torch.randn(s) for s in (1, 2, 3, 4, 5))\n",
+        "first = (q, a, b, A, dt)\nargs = first\n",
+    ],
+)
+def test_a_spread_of_a_sequence_the_module_sizes_keeps_the_places_after_it(spread: str) -> None:
+    call = "fused_replayssm_decode(*args, s, h0, d, k, decay_ring, out)\n"
+    assert _learn(spread + call) == {"decay_ring": spread.count("\n") + 1}
+
+
+@pytest.mark.parametrize(
+    "spread",
+    [
+        "args = (q, a, b, A, dt)\nargs = args + (s,)\n",  # bound twice
+        "args = [x for x in inputs if x is not None]\n",  # filtered
+        "args = (*head, q)\n",  # a spread inside
+        "def step(args):\n    pass\nargs = (q, a, b, A, dt)\n",  # also a parameter
+        "for args in batches:\n    pass\n",
+    ],
+)
+def test_a_spread_of_unknown_length_teaches_nothing_after_it(spread: str) -> None:
+    assert _learn(spread + "fused_replayssm_decode(*args, s, h0, d, k, decay_ring, out)\n") == {}
+
+
+def test_a_spread_that_covers_the_gate_place_teaches_nothing() -> None:
+    # the spread itself passes the tenth argument: nothing written here is the gate ring
+    spread = "args = (q, a, b, A, dt, s, h0, d, k, g)\n"
+    assert _learn(spread + "fused_replayssm_decode(*args, decay_ring, out)\n") == {}
+
+
 def test_a_tensor_passed_as_another_ring_too_is_not_learned() -> None:
     # one scratch ring for the d, k and g rings: not a gate cache by name
     call = "fused_replayssm_decode(q, a, b, A, dt, s, h0, scratch, scratch, scratch, out)\n"

@@ -16,6 +16,7 @@ from replaylint.lint.project.index import (
     External,
     Found,
     ModuleRef,
+    ProjectIndex,
     module_names,
 )
 from replaylint.lint.project.summaries import summarise
@@ -656,3 +657,36 @@ def test_an_element_of_a_list_of_rings_another_module_makes(
         ),
     }
     assert _codes(_lint(tmp_path, files, "pkg/loading.py")) == expected
+
+
+def test_a_list_question_reads_only_modules_that_spell_the_name(tmp_path: Path) -> None:
+    paths = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/rings.py": """
+                class Rings:
+                    def __init__(self):
+                        self.g_caches = []
+                """,
+            "pkg/other.py": "WIDTH = 4\n",
+            "pkg/pool.py": "from .rings import Rings\nfrom .other import WIDTH\n",
+        },
+    )
+    summarised: list[str] = []
+
+    def load(path: str) -> tuple[dict[str, object] | None, str]:
+        summarised.append(Path(path).name)
+        return summarise(Path(path).read_text(encoding="utf-8")), f"summary of {Path(path).name}"
+
+    def read(path: str) -> tuple[bytes, str]:
+        return Path(path).read_bytes(), f"bytes of {Path(path).name}"
+
+    index = ProjectIndex(module_names(str(p) for p in paths), load, reader=read)
+    assert index.imported_list("pkg.pool", "g_caches")
+    assert not index.imported_list("pkg.pool", "gate_rings")
+    assert sorted(summarised) == ["pool.py", "rings.py"]  # other.py never names either
+    used = dict(index.take_used())
+    # the results still depend on the module read without a summary, by its digest
+    assert used[str(tmp_path / "pkg" / "other.py")] == "bytes of other.py"
+    assert used[str(tmp_path / "pkg" / "rings.py")] == "summary of rings.py"

@@ -54,6 +54,30 @@ def passed_values(
     return [PassedValue(value, where, spreads[-1]) for value, where in passed.values]
 
 
+RING_PARAMETERS = ("d_cache", "k_cache")
+"""The d and k rings of sglang's signature, the two places before the gate ring's."""
+
+
+def ring_arguments(
+    prov: Provenance,
+    call: cst.Call,
+    gate_position: int | None,
+    site: Site,
+    defined: tuple[cst.FunctionDef, bool] | None,
+) -> list[PassedValue]:
+    """What ``call`` passes for the d and k rings: by keyword, by their place in the module's own
+    definition of the entry point (``defined``: the function, and whether it is bound), or in
+    sglang's order, the two places before the gate ring's (``gate_position``)."""
+    found: list[PassedValue] = []
+    for before, parameter in zip((2, 1), RING_PARAMETERS, strict=True):
+        if defined is not None:
+            position = parameter_position(defined[0], parameter, defined[1])
+        else:
+            position = None if gate_position is None else gate_position - before
+        found += passed_values(prov, call, parameter, position, site)
+    return found
+
+
 def parameter_position(function: cst.FunctionDef, parameter: str, bound: bool) -> int | None:
     """Where ``parameter`` goes among the positional arguments of a call of ``function``."""
     ordered = [*function.params.posonly_params, *function.params.params]
@@ -65,15 +89,19 @@ def parameter_position(function: cst.FunctionDef, parameter: str, bound: bool) -
 
 def _by_position(prov: Provenance, call: cst.Call, position: int, site: Site) -> PassedValue | None:
     """The value at ``position`` among the positional arguments, expanding each ``*`` whose
-    elements are known; None past an unknown ``*`` or past the end."""
+    elements (or only their number) are known; None past an unknown ``*`` or past the end."""
     count = 0
     for arg in call.args:
         if arg.keyword is not None or arg.star == "**":
             continue
         if arg.star == "*":
             expanded = records.elements(prov, arg.value, site, NO_ENV)
-            if expanded is None:
-                return None
+            if expanded is None:  # elements unknown, but perhaps their number
+                size = records.sequence_length(prov, arg.value, site, NO_ENV)
+                if size is None or position < count + size:
+                    return None
+                count += size
+                continue
             if position < count + len(expanded):
                 held = expanded[position - count]
                 return PassedValue(held.value, held.site, arg)

@@ -241,6 +241,8 @@ def to_argument_role(
         if "device" in callee:
             return "device"
         return "unknown"
+    if isinstance(expr, cst.Subscript) and _dtype_table_entry(prov, expr, site, env):
+        return "dtype"
     name = binding_name(expr)
     if name is not None:
         lowered = name.lower()
@@ -264,6 +266,16 @@ def to_argument_role(
                     return role
         return "unknown"
     return "unknown"
+
+
+def _dtype_table_entry(prov: Provenance, expr: cst.Subscript, site: Site, env: Env) -> bool:
+    """``TORCH_DTYPE_MAP[cfg.dtype]``: an entry of a table named for dtypes, or of one whose
+    entries the analysis reads as dtypes."""
+    table = binding_name(expr.value) if isinstance(expr.value, (cst.Name, cst.Attribute)) else None
+    if table is not None and "dtype" in table.lower():
+        return True
+    facts = prov.dtype_facts(expr, site, env)
+    return bool(facts) and all(fact.dtype is not None for fact in facts)
 
 
 def _annotation_role(index: ModuleIndex, node: cst.CSTNode) -> str:

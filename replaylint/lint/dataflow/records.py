@@ -23,6 +23,9 @@ from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args, record_fields
 from replaylint.lint.syntax.sites import Site
 
+_MAX_DEPTH = 8
+"""Comprehensions, conversions and names followed to reach a sequence of known length."""
+
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
@@ -192,7 +195,7 @@ def elements(
 ) -> list[FieldValue] | None:
     """Every element ``*sequence`` passes, in order, when their number is known (a literal tuple
     or list, a record built in the module); None otherwise."""
-    length = _length(prov, sequence, site, env)
+    length = sequence_length(prov, sequence, site, env)
     if length is None:
         return None
     found: list[FieldValue] = []
@@ -204,14 +207,33 @@ def elements(
     return found
 
 
-def _length(prov: Provenance, sequence: cst.BaseExpression, site: Site, env: Env) -> int | None:
+def sequence_length(
+    prov: Provenance, sequence: cst.BaseExpression, site: Site, env: Env, depth: int = 0
+) -> int | None:
+    """How many values ``*sequence`` passes, when the module fixes it: a literal tuple or list, a
+    comprehension over one (``[make(s) for s in sizes]``), ``tuple(...)``/``list(...)`` of one,
+    a NamedTuple built in the module."""
+    if depth > _MAX_DEPTH:
+        return None
     if isinstance(sequence, cst.Name):
         found = prov.lookup(sequence.value, site, env)
-        if found and len(found) == 1 and isinstance(found[0][0].value, (cst.Tuple, cst.List)):
-            sequence = found[0][0].value
+        if found and len(found) == 1:
+            value = found[0][0].value
+            if isinstance(value, (cst.Tuple, cst.List, cst.ListComp, cst.GeneratorExp)) or (
+                value is not None and _sequence_call(value) is not None
+            ):
+                sequence, site = value, found[0][1]
     if isinstance(sequence, (cst.Tuple, cst.List)):
         plain = _plain_elements(sequence)
         return None if plain is None else len(plain)
+    if isinstance(sequence, (cst.ListComp, cst.GeneratorExp)):
+        loop = sequence.for_in
+        if loop.ifs or loop.inner_for_in is not None or loop.asynchronous is not None:
+            return None
+        return sequence_length(prov, loop.iter, site, env, depth + 1)
+    converted = _sequence_call(sequence)
+    if converted is not None:
+        return sequence_length(prov, converted, site, env, depth + 1)
     cls = _class_of(prov, sequence, site, env)
     if cls is None or not any(
         (dotted_name(base.value) or "").endswith("NamedTuple") for base in cls.bases
@@ -219,6 +241,20 @@ def _length(prov: Provenance, sequence: cst.BaseExpression, site: Site, env: Env
         return None  # only a NamedTuple unpacks into its fields
     fields = record_fields(cls)
     return None if fields is None else len(fields)
+
+
+def _sequence_call(expr: cst.BaseExpression) -> cst.BaseExpression | None:
+    """``tuple(x)`` / ``list(x)``: ``x``."""
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Name)
+        and expr.func.value in {"tuple", "list"}
+        and len(expr.args) == 1
+        and expr.args[0].keyword is None
+        and not expr.args[0].star
+    ):
+        return expr.args[0].value
+    return None
 
 
 def _class_of(

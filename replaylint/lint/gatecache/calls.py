@@ -5,11 +5,24 @@ for an entry point's gate cache, and the name a passed value is known by."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 
-__all__ = ["argument_for", "dotted", "entry_point_of", "import_aliases", "passed_name"]
+__all__ = [
+    "SpreadLengths",
+    "argument_for",
+    "dotted",
+    "entry_point_of",
+    "import_aliases",
+    "passed_name",
+    "spread_lengths",
+]
+
+SpreadLengths = Callable[[ast.expr], "int | None"]
+"""How many values a ``*`` spread passes, when the module says so (None: unknown)."""
+
+_MAX_ALIASES = 8  # names bound to names followed to reach a sequence
 
 # Calls that return their receiver's data with the same name-worthy identity.
 _TRANSPARENT_METHODS = frozenset(
@@ -30,17 +43,87 @@ def entry_point_of(
     return None
 
 
-def argument_for(call: ast.Call, parameter: str, index: int | None) -> ast.expr | None:
+def argument_for(
+    call: ast.Call, parameter: str, index: int | None, spread: SpreadLengths | None = None
+) -> ast.expr | None:
     """What ``call`` passes for ``parameter``, by keyword or at place ``index``; None when it is
-    not written (or a ``*`` spread comes first)."""
+    not written, or a ``*`` spread comes first whose length ``spread`` does not know."""
     for keyword in call.keywords:
         if keyword.arg == parameter:
             return keyword.value
-    if index is None or index >= len(call.args):
+    if index is None:
         return None
-    if any(isinstance(arg, ast.Starred) for arg in call.args[: index + 1]):
+    place = 0
+    for arg in call.args:
+        if isinstance(arg, ast.Starred):
+            length = spread(arg.value) if spread is not None else None
+            if length is None:
+                return None
+            if place + length > index:
+                return None  # the spread itself passes the parameter
+            place += length
+            continue
+        if place == index:
+            return arg
+        place += 1
+    return None
+
+
+def spread_lengths(tree: ast.AST) -> SpreadLengths:
+    """How many values ``*inputs`` passes, for a sequence of a length the module fixes: a tuple
+    or list display, a comprehension over one, ``tuple(...)``/``list(...)`` of one, or a name
+    bound once in the module to such a sequence (``inputs = [make(s) for s in sizes]`` with
+    ``sizes = [...]``)."""
+    values: dict[str, list[ast.expr | None]] = {}  # None: a binding that says no length
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, []).append(node.value)
+        elif isinstance(node, ast.arg):
+            values.setdefault(node.arg, []).append(None)
+        elif isinstance(node, ast.alias):
+            values.setdefault((node.asname or node.name).partition(".")[0], []).append(None)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            values.setdefault(node.name, []).append(None)
+
+    def value_of(name: str) -> ast.expr | None:
+        bound = values.get(name, [])
+        if len(bound) != 1 or stores.get(name, 0) != 1:
+            return None  # bound more than once, or by a statement that says no length
+        return bound[0]
+
+    def length(expr: ast.expr, depth: int = 0) -> int | None:
+        if depth > _MAX_ALIASES:
+            return None
+        if isinstance(expr, (ast.Tuple, ast.List)):
+            if any(isinstance(element, ast.Starred) for element in expr.elts):
+                return None
+            return len(expr.elts)
+        if isinstance(expr, (ast.ListComp, ast.GeneratorExp)):
+            if len(expr.generators) != 1:
+                return None
+            (loop,) = expr.generators
+            if loop.ifs or loop.is_async:
+                return None
+            return length(loop.iter, depth + 1)
+        if (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and expr.func.id in {"tuple", "list"}
+            and len(expr.args) == 1
+            and not expr.keywords
+        ):
+            return length(expr.args[0], depth + 1)
+        if isinstance(expr, ast.Name):
+            value = value_of(expr.id)
+            return None if value is None else length(value, depth + 1)
         return None
-    return call.args[index]
+
+    return length
 
 
 def passed_name(expr: ast.expr) -> str | None:

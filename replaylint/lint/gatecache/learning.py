@@ -22,11 +22,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from replaylint.lint.gatecache.calls import (
+    SpreadLengths,
     argument_for,
     dotted,
     entry_point_of,
     import_aliases,
     passed_name,
+    spread_lengths,
 )
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
@@ -165,6 +167,13 @@ def _names_in(
     tree: ast.AST, filename: str, entry_points: Sequence[EntryPoint], patterns: GateCacheNames
 ) -> Iterator[tuple[str, LearnedFrom]]:
     aliases = import_aliases(tree)
+    lengths: list[SpreadLengths] = []
+
+    def spread(expr: ast.expr) -> int | None:
+        if not lengths:  # a walk of the module, only for a call that spreads a sequence
+            lengths.append(spread_lengths(tree))
+        return lengths[0](expr)
+
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
             yield from _mapping_names(node, filename, patterns)
@@ -177,7 +186,7 @@ def _names_in(
             yield from _keyword_names(node, written, filename, patterns)
             continue
         assert written is not None
-        argument = argument_for(node, entry.parameter, entry.index)
+        argument = argument_for(node, entry.parameter, entry.index, spread)
         name = None if argument is None else passed_name(argument)
         # a tensor the call also passes as another argument (one scratch ring for the d, k
         # and g rings) is no gate cache by name: a fix of it would change the others too

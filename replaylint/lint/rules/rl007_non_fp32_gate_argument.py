@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 
-from replaylint.lint.dataflow.arguments import PassedValue, parameter_position, passed_values
+from replaylint.lint.dataflow.arguments import (
+    PassedValue,
+    parameter_position,
+    passed_values,
+    ring_arguments,
+)
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.fixes.drafts import FixDraft
@@ -12,7 +19,7 @@ from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import ARGUMENT_FIX_SAFETY, literal_names
-from replaylint.lint.syntax.nodes import dotted_name, one_line
+from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, one_line
 from replaylint.lint.syntax.sites import Site
 
 
@@ -38,9 +45,12 @@ configuration. The argument is found however the call passes it: by keyword or p
 elements the function shows. Its value is followed through local bindings, fields of NamedTuples
 and dataclasses built in the module (`rings.g`, `rings._replace(g=x)`, `rings[2]`), tuple
 unpacking (`d, k, g = load_rings(path)`, where `load_rings` is a function of the module) and
-helpers of the module. Only what is *provably* not float32 is reported (an unknown dtype is not),
-so a gate cache received as a parameter, read from `self`, or passed in a mapping the function
-does not build is never a finding here.
+helpers of the module; a `*inputs` spread whose length the module fixes (a tuple or list, a
+comprehension over one) keeps the places after it. Only what is *provably* not float32 is reported
+(an unknown dtype is not), so a gate cache received as a parameter, read from `self`, or passed in
+a mapping the function does not build is never a finding here. One cast is wrong by design: to
+the dtype of the d or k ring the same call passes (`g.to(d_cache.dtype)`, `g.type_as(d_cache)`),
+since those rings follow the model's dtype; it is reported unless that ring is provably float32.
 """
     FIX = (
         """\
@@ -136,7 +146,22 @@ a cast of the load — that the message names.
                 return fused_recurrent_kda_replayssm_decode(*inputs[:7], *rings, inputs[7])
             """
         ),
+        Valid(
+            """
+            import torch
+
+            def reference_step(q, a, b, A_log, dt_bias, state, shape, out, rows, pos):
+                # an all-float32 reference: the d ring is float32, and so is the cast
+                d = torch.zeros(shape, dtype=torch.float32)
+                k = torch.zeros(shape, dtype=torch.float32)
+                g = torch.zeros(shape, dtype=torch.float64)
+                kda_replayssm_decode(
+                    q, a, b, A_log, dt_bias, 0.5, state, d, k, g.to(d.dtype), out, rows, pos
+                )
+            """
+        ),
     )
+
     INVALID = (
         Invalid(
             """
@@ -310,6 +335,31 @@ a cast of the load — that the message names.
             """,
             message_contains="also read elsewhere",
         ),
+        Invalid(
+            """
+            import torch
+
+            def decode_static(self, x, out, rows, pos):
+                # one dtype for every ring input: the gate ring takes the d ring's (bf16) dtype
+                kda_replayssm_decode(
+                    self.wqkv(x), self.wa(x), self.wb(x), self.A_log, self.dt_bias, self.scale,
+                    self.state, self.d_buf, self.k_buf, self.decay_buf.to(self.d_buf.dtype),
+                    out, rows, pos,
+                )
+            """,
+            expected_fix="""
+            import torch
+
+            def decode_static(self, x, out, rows, pos):
+                # one dtype for every ring input: the gate ring takes the d ring's (bf16) dtype
+                kda_replayssm_decode(
+                    self.wqkv(x), self.wa(x), self.wb(x), self.A_log, self.dt_bias, self.scale,
+                    self.state, self.d_buf, self.k_buf, self.decay_buf.to(torch.float32),
+                    out, rows, pos,
+                )
+            """,
+            message_contains="the dtype of `self.d_buf`, a ring this call passes",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -319,18 +369,31 @@ a cast of the load — that the message names.
         site = self.site()
         position = entry_point.index
         defined = called_function(self.context.index, self.provenance, node, site)
+        signature = None
         if defined is not None:  # the module defines the entry point: its signature decides
             function, _, bound = defined
             position = parameter_position(function, entry_point.parameter, bound)
+            signature = (function, bound)
+        passed_rings: list[PassedValue] | None = None
         for passed in passed_values(self.provenance, node, entry_point.parameter, position, site):
-            self._check_passed(node, passed)
+            if passed_rings is None:
+                passed_rings = ring_arguments(self.provenance, node, position, site, signature)
+            self._check_passed(node, passed, passed_rings)
 
-    def _check_passed(self, call: cst.Call, passed: PassedValue) -> None:
+    def _check_passed(
+        self, call: cst.Call, passed: PassedValue, passed_rings: list[PassedValue]
+    ) -> None:
         facts = self.provenance.tensor_facts(passed.value, passed.site)
         wrong = [fact for fact in facts if _provably_not_float32(fact)]
+        to_rings: dict[int, PassedValue] = {}
+        for fact in facts:
+            ring = self._cast_to_a_ring(fact, passed_rings) if fact not in wrong else None
+            if ring is not None:
+                wrong.append(fact)
+                to_rings[id(fact)] = ring
         if not wrong:
             return
-        causes = "; ".join(self._cause(fact) for fact in wrong[:3])
+        causes = "; ".join(self._cause(fact, to_rings.get(id(fact))) for fact in wrong[:3])
         function = one_line(self.context.module, call.func)
         carrier = passed.argument
         located: cst.CSTNode = passed.value if carrier.value is passed.value else carrier.value
@@ -339,6 +402,9 @@ a cast of the load — that the message names.
             spread = f"{carrier.star}{one_line(self.context.module, carrier.value)}"
             subject = f"the gate cache that `{spread}` passes"
         fix = self._fix(facts, wrong, passed.site)
+        if fix is not None and to_rings:
+            # without the cast the kernel writes into the ring itself, not into a copy
+            fix = replace(fix, applicability=Applicability.UNSAFE)
         message = (
             f"{subject} to `{function}` is not float32: {causes}; the kernel exponentiates "
             "prefix sums of the gate ring, so it must be float32"
@@ -382,8 +448,32 @@ a cast of the load — that the message names.
                 return entry_point
         return None
 
-    def _cause(self, fact: TensorFact) -> str:
+    def _cast_to_a_ring(
+        self, fact: TensorFact, passed_rings: list[PassedValue]
+    ) -> PassedValue | None:
+        """The d or k ring the call passes whose dtype ``fact``'s cast takes (``g.to(d.dtype)``,
+        ``g.type_as(d)``), when that ring is not provably float32: the d and k rings follow the
+        model's dtype, so the cast makes the gate ring the model's dtype too."""
+        if fact.kind is not Kind.CAST or fact.call is None:
+            return None
+        operand = _dtype_source(fact.call)
+        if operand is None:
+            return None
+        for ring in passed_rings:
+            if operand.deep_equals(ring.value):
+                made = self.provenance.tensor_facts(ring.value, ring.site)
+                if not made or any(f.kind is not Kind.FLOAT32 for f in made):
+                    return ring
+        return None
+
+    def _cause(self, fact: TensorFact, ring: PassedValue | None = None) -> str:
         line = self.context.line_of(fact.node)
+        if ring is not None:
+            written = one_line(self.context.module, ring.value)
+            return (
+                f"line {line}: {fact.detail} casts it to the dtype of `{written}`, a ring this "
+                "call passes, which follows the model's dtype"
+            )
         if fact.kind is Kind.LOADED:
             what = f"it is loaded from {fact.detail} without a cast"
         elif fact.kind is Kind.CAST:
@@ -395,6 +485,25 @@ a cast of the load — that the message names.
                 f"{literal_names(fact.non_float32_literals)}"
             )
         return f"line {line}: {what}"
+
+
+def _dtype_source(cast: cst.Call) -> cst.BaseExpression | None:
+    """The tensor whose dtype ``cast`` takes: ``x`` of ``.to(x.dtype)``, ``.to(dtype=x.dtype)``,
+    ``.type(x.dtype)``, ``.type_as(x)`` and ``.to(x)``."""
+    func = cast.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    method = func.attr.value
+    keyword = keyword_arg(cast, "dtype")
+    positional = [arg.value for arg in cast.args if arg.keyword is None and not arg.star]
+    if method == "type_as":
+        return positional[0] if positional else None
+    if method not in {"to", "type"}:
+        return None
+    operand = keyword.value if keyword is not None else positional[0] if positional else None
+    if isinstance(operand, cst.Attribute) and operand.attr.value == "dtype":
+        return operand.value
+    return operand if method == "to" and keyword is None else None
 
 
 def _provably_not_float32(fact: TensorFact) -> bool:
