@@ -279,3 +279,54 @@ def test_a_name_guessed_from_its_neighbours_does_not_make_a_computed_value_a_rin
     # the same computation stored under a name that means the ring is reported
     stored = source.replace("return delta, key, log_decay", "self.g_cache = log_decay")
     assert rows(stored) == [(20, "RL003")]
+
+
+_UPCAST_ELSEWHERE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self, dim, checkpoint):
+        super().__init__()
+        self.w_a = nn.Parameter(torch.load(checkpoint)["w_a"])
+        self.A_log = {a_log}
+
+    def exact(self, x):
+        return -self.A_log.float().exp() * F.softplus((x @ self.w_a).float())
+
+    def forward(self, x, rings):
+        rings.g_cache = {line}
+"""
+
+
+@pytest.mark.parametrize(
+    ("a_log", "line", "flagged"),
+    [
+        # float32 where it is made, yet the class upcasts it in `exact`: a model cast elsewhere
+        # (or a checkpoint) leaves it in the model's dtype, and the fast path forgets the cast
+        (
+            "nn.Parameter(torch.zeros(dim, dtype=torch.float32))",
+            "-self.A_log.exp() * F.softplus(x @ self.w_a)",
+            True,
+        ),
+        (
+            "nn.Parameter(torch.load(checkpoint)['A_log'])",
+            "-self.A_log.exp() * (x @ self.w_a)",
+            True,
+        ),
+        # the fast path keeps the cast
+        (
+            "nn.Parameter(torch.zeros(dim, dtype=torch.float32))",
+            "-self.A_log.float().exp() * F.softplus((x @ self.w_a).float())",
+            False,
+        ),
+    ],
+)
+def test_a_weight_the_class_upcasts_elsewhere_is_in_the_models_dtype(
+    a_log: str, line: str, flagged: bool
+) -> None:
+    # `x @ self.w_a`: a matrix product has its operands' one dtype, so `x` tells it
+    rows = _rows(_UPCAST_ELSEWHERE.format(a_log=a_log, line=line))
+    assert (rows == [(16, "RL003")]) if flagged else rows == []

@@ -600,3 +600,24 @@ def test_a_cast_to_an_entry_of_a_dtype_table(cast: str, expected: list[tuple[int
             return g_cache
         """
     assert _check(source, "RL004") == expected
+
+
+@pytest.mark.parametrize(
+    ("cast", "expected"),
+    [
+        # a ring is a tensor: the cast takes its dtype, and the d ring follows the model's
+        ("g_cache.to(cache.d_cache)", [(4, "RL004")]),
+        ("g_cache.to(d_ring)", [(4, "RL004")]),
+        ("g_cache.to(fp32_ring)", []),  # provably float32
+        ("g_cache.to(target)", []),  # a device or a dtype, perhaps: not known
+    ],
+)
+def test_a_cast_to_another_ring(cast: str, expected: list[tuple[int, str]]) -> None:
+    source = f"""
+        import torch
+        def restore(cache, g_cache, d_ring, target, shape):
+            fp32_ring = torch.zeros(shape, dtype=torch.float32)
+            g_cache = {cast}
+            return g_cache
+        """
+    assert _check(source, "RL004") == expected

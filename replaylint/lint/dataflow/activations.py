@@ -9,8 +9,11 @@ Such a gate ring is only float32 when something casts it. Which tensors count as
 * the output of one of the module's layers: a call on an attribute of ``self``
   (``self.f_proj(x)``, ``self.attn.gate_projection(h)``) that is not a method the module defines;
 * a weight of the module made in the model's dtype (``self.A_log = nn.Parameter(torch.empty(hv,
-  dtype=dtype))``); one made float32 promotes what it meets, and is not one;
-* what views, indexing, elementwise functions and arithmetic with numbers make of those.
+  dtype=dtype))``); one made float32 promotes what it meets, and is not one, unless the class
+  itself casts it to float32 elsewhere (``self.A_log.float()`` in another branch or method): its
+  own code expects it in another dtype at run time (a model cast, a checkpoint);
+* what views, indexing, elementwise functions and arithmetic with numbers make of those, and a
+  matrix product with one of them (``x @ self.w_a``: both operands have one dtype).
 
 The analysis asks this only of an expression whose dtype it cannot tell otherwise, and only where
 something is *computed* (an elementwise function, arithmetic with a number): a ring passed
@@ -142,6 +145,9 @@ class _Trace:
         if isinstance(expr, cst.BinaryOperation):
             operands = [o for o in (expr.left, expr.right) if not is_scalar(prov, o, site, env)]
             sources = [self.source(operand, site, env, steps) for operand in operands]
+            if isinstance(expr.operator, cst.MatrixMultiply):
+                # no promotion: both operands have one dtype (or torch raises), either tells it
+                return next((found for found in sources if found), None)
             return sources[0] if sources and all(sources) else None
         if isinstance(expr, cst.Call):
             return self._call(expr, site, env, steps)
@@ -190,6 +196,10 @@ class _Trace:
             or self.prov.index.gate_caches.matches(name)
         ):
             return None
+        described = f"`self.{name}`, a weight of `{owner.name.value}`"
+        if name in self.prov.index.upcast_attributes(owner):
+            # however it is made, the class's own code expects it in another dtype at run time
+            return f"{described} that the class casts to float32 elsewhere"
         values = list(instance_values(self.prov, owner, name))
         if not values:
             return None
@@ -200,7 +210,7 @@ class _Trace:
             facts = self.prov.tensor_facts(made, where, NO_ENV)
             if not facts or any(f.kind not in _MODEL_DTYPE for f in facts):
                 return None
-        return f"`self.{name}`, a weight of `{owner.name.value}`"
+        return described
 
     def _parameter(self, binding: Binding, passed: bool, steps: int) -> str | None:
         """An argument is an activation in a model's ``forward``, where the module's calls pass

@@ -7,6 +7,7 @@ bindings. ``.type`` also takes legacy tensor type names (``torch.cuda.HalfTensor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,9 @@ from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
+
+
+_RING_NAME = re.compile(r"(?:^|_)(?:ring|cache|buffer|buf)s?$", re.IGNORECASE)
 
 
 def to_facts(
@@ -250,8 +254,8 @@ def to_argument_role(
             return "dtype"
         if "device" in lowered or lowered in {"dev", "cuda", "cpu", "place"}:
             return "device"
-        if prov.index.gate_caches.matches(name):
-            return "tensor"
+        if prov.index.gate_caches.matches(name) or _RING_NAME.search(name):
+            return "tensor"  # a ring (`d_cache`, `self.k_ring`): no dtype or device is named so
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site, env) or []
         for binding, binding_site in found:

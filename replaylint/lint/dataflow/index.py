@@ -15,6 +15,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.imports import ImportTable
 from replaylint.lint.dataflow.scopes import Binding, Scope, build_scope
+from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -44,6 +45,7 @@ class ModuleIndex:
         self._assigned: set[str] | None = None
         self._next: dict[int, cst.BaseStatement] | None = None
         self._unassigned: dict[str, bool] = {}
+        self._upcast: dict[int, frozenset[str]] = {}
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).
@@ -134,6 +136,15 @@ class ModuleIndex:
             known = self._unassigned[name] = written.search(self.source) is None
         return known
 
+    def upcast_attributes(self, cls: cst.ClassDef) -> frozenset[str]:
+        """Attributes of ``self`` that a method of ``cls`` casts to float32 or wider
+        (``self.A_log.float()``, ``self.dt_bias.to(torch.float32)``): what the class's own code
+        expects may not be float32 when it runs."""
+        known = self._upcast.get(id(cls))
+        if known is None:
+            known = self._upcast[id(cls)] = frozenset(_upcast_attributes(self, cls))
+        return known
+
     def next_statement(self, statement: cst.CSTNode | None) -> cst.BaseStatement | None:
         """The statement that follows ``statement`` in its block, if any."""
         if self._next is None:
@@ -177,6 +188,39 @@ class ModuleIndex:
             stack.extend(reversed(syntax_children(node)))
         self._calls, self._classes, self._assigned = calls, classes, assigned
         self._withs, self._next = withs, following
+
+
+_UPCASTS = frozenset({"float", "double"})
+_WIDE_DTYPES = frozenset({"float32", "float64"})
+
+
+def _upcast_attributes(index: ModuleIndex, cls: cst.ClassDef) -> set[str]:
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [cls.body]
+    while stack:
+        node = stack.pop()
+        stack.extend(syntax_children(node))
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+            continue
+        receiver, method = node.func.value, node.func.attr.value
+        if not (
+            isinstance(receiver, cst.Attribute)
+            and isinstance(receiver.value, cst.Name)
+            and receiver.value.value == "self"
+        ):
+            continue
+        widened = (method in _UPCASTS and not node.args) or (
+            method in {"to", "type"}
+            and any(
+                dtype_from_qualified_name(name) in _WIDE_DTYPES
+                for arg in node.args
+                if arg.keyword is None or arg.keyword.value == "dtype"
+                for name in index.qualified_names(arg.value)
+            )
+        )
+        if widened:
+            found.add(receiver.attr.value)
+    return found
 
 
 def _on_self(call: cst.Call) -> bool:

@@ -56,7 +56,9 @@ module's calls fill with activations) and weights made in the model's dtype (`se
 nn.Parameter(torch.empty(hv, dtype=dtype))`) by elementwise steps, numbers and 0-dim tensors
 (`bound * self.f_proj(x).sigmoid()`, `-self.A_log.exp() * F.softplus(a)`) has the model's dtype;
 it is reported where it is computed, also in a method whose result becomes the gate cache. A
-weight made float32 promotes the result, unless a module cast converts it, which is not assumed.
+weight made float32 promotes the result, unless a module cast converts it, which is assumed only
+where the class itself casts that weight to float32 elsewhere (`self.A_log.float()` in one branch,
+not the other). A matrix product (`x @ self.w_a`) has its operands' dtype (torch requires one).
 
 Not reported: a copy or `*_like` of a float32 tensor, and `x.clone()` of one cast with `.float()`.
 """
