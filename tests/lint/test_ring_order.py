@@ -231,3 +231,44 @@ def test_rings_appended_by_name_in_a_loop_over_zipped_names_share_one_dtype() ->
     findings = Linter().check(source, "m.py")
     assert [(f.location.row, f.code) for f in findings] == [(10, "RL006")]
     assert "a loop over `rings.items()`" in findings[0].message
+
+
+def test_a_module_that_only_names_its_rings_teaches_the_gate_ring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tuple of ring names (`RINGS = ("d_cache", "k_cache", "la_cache")`) teaches the one in
+    the gate ring's place, in a module with no decode call and no gate-cache name the patterns
+    know; a slice of that tuple is a loop over the names it keeps."""
+    from replaylint.cli import main
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "pkg" / "engine.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            RINGS = ("d_cache", "k_cache", "la_cache", "s_cache")
+
+            class Cache:
+                def insert(self, shapes, x):
+                    self.la_cache = torch.zeros(shapes["la_cache"])  # the default dtype
+                    return self.compiled_step.g_cache
+
+                def half_(self):
+                    for name in RINGS[:3]:
+                        setattr(self, name, getattr(self, name).half())
+
+                def half_states(self):
+                    for name in RINGS[3:]:  # the state only: not a gate ring
+                        setattr(self, name, getattr(self, name).half())
+            """
+        ),
+        encoding="utf-8",
+    )
+    code = main(["check", "--isolated", "--no-cache", "--output-format", "concise", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    rows = sorted(line.split(":")[1] for line in out.splitlines() if "engine.py:" in line)
+    assert rows == ["13", "8"]  # the default-dtype ring, the loop over `RINGS[:3]`
+    assert "written after `d_cache` and `k_cache`" in out

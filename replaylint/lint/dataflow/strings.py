@@ -228,6 +228,11 @@ def _literal_items(
     constant = _class_constant(prov, expr, site)
     if constant is not None:  # `for name in self.ring_names` of `ring_names = (...)` in the class
         return _literal_items(prov, constant, site, depth + 1)
+    cut = _constant_slice(expr)
+    if cut is not None:  # `RINGS[:3]`
+        assert isinstance(expr, cst.Subscript)
+        whole = _literal_items(prov, expr.value, site, depth + 1)
+        return None if whole is None else whole[cut]
     if not isinstance(expr, cst.Call):
         return None
     args = positional_args(expr)
@@ -278,6 +283,31 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _constant_slice(expr: cst.BaseExpression) -> slice | None:
+    """The slice of ``names[1:3]``, ``names[:-1]``, when every bound is an integer literal."""
+    if not (
+        isinstance(expr, cst.Subscript)
+        and len(expr.slice) == 1
+        and isinstance(expr.slice[0].slice, cst.Slice)
+    ):
+        return None
+    part = expr.slice[0].slice
+    bounds: list[int | None] = []
+    for bound in (part.lower, part.upper, part.step):
+        if bound is None:
+            bounds.append(None)
+            continue
+        sign = 1
+        if isinstance(bound, cst.UnaryOperation) and isinstance(bound.operator, cst.Minus):
+            sign, bound = -1, bound.expression
+        if not isinstance(bound, cst.Integer):
+            return None
+        bounds.append(sign * int(bound.evaluated_value))
+    if bounds[2] == 0:
+        return None  # a zero step raises
+    return slice(*bounds)
 
 
 def _zipped_items(

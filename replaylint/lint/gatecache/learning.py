@@ -32,7 +32,7 @@ from replaylint.lint.gatecache.calls import (
 )
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
-from replaylint.lint.gatecache.ring_order import gate_rings_by_order
+from replaylint.lint.gatecache.ring_order import gate_rings_by_order, may_list_rings
 from replaylint.lint.syntax.limits import too_large
 
 __all__ = [
@@ -69,12 +69,13 @@ def learn_gate_cache_names(
     passing = _passing_pattern(patterns)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
-        if (
-            needles is not None
-            and not any(needle in text for needle in needles)
-            and not _may_teach(passing, text, patterns)
-        ):
-            continue
+        calls = (
+            needles is None
+            or any(needle in text for needle in needles)
+            or _may_teach(passing, text, patterns)
+        )
+        if not calls and not may_list_rings(text.encode("utf-8", "surrogatepass")):
+            continue  # neither a call that teaches nor a row of rings
         if too_large(text) is not None:  # the checking pass reports it
             continue
         try:
@@ -82,7 +83,7 @@ def learn_gate_cache_names(
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         found = [
-            *_names_in(tree, filename, entry_points, patterns),
+            *(_names_in(tree, filename, entry_points, patterns) if calls else ()),
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
