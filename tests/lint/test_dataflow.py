@@ -621,3 +621,48 @@ def test_a_cast_to_another_ring(cast: str, expected: list[tuple[int, str]]) -> N
             return g_cache
         """
     assert _check(source, "RL004") == expected
+
+
+@pytest.mark.parametrize(
+    ("read", "expected"),
+    [
+        ("torch.from_file(path, size=n, dtype=torch.bfloat16)", [(3, "RL005")]),
+        ("torch.from_file(path, size=n)", [(3, "RL005")]),  # torch's default dtype
+        ("torch.from_file(path, size=n, dtype=torch.float32)", []),
+    ],
+)
+def test_a_file_read_as_raw_bytes(read: str, expected: list[tuple[int, str]]) -> None:
+    source = f"""
+        import torch
+        def read(path, n):
+            g_cache = {read}
+            return g_cache
+        """
+    assert _check(source) == expected
+    if expected:
+        # the same bytes read as float32 are other numbers: the fix casts the result
+        assert f"g_cache = {read}.to(torch.float32)" in _fix(source)
+
+
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        ("RINGS[:3]", [(6, "RL006")]),
+        ("RINGS[-2:-1]", [(6, "RL006")]),
+        ("RINGS[3:]", []),  # the state alone
+        ("RINGS[::2]", [(6, "RL006")]),  # d_cache and g_cache
+        ("RINGS[1::2]", []),  # k_cache and the state
+    ],
+)
+def test_a_slice_of_a_tuple_of_names_loops_over_the_names_it_keeps(
+    names: str, expected: list[tuple[int, str]]
+) -> None:
+    source = f"""
+        import torch
+        RINGS = ("d_cache", "k_cache", "g_cache", "s_cache")
+        class Cache:
+            def half_(self):
+                for name in {names}:
+                    setattr(self, name, getattr(self, name).half())
+        """
+    assert _check(source, "RL006") == expected

@@ -690,3 +690,24 @@ def test_a_list_question_reads_only_modules_that_spell_the_name(tmp_path: Path) 
     # the results still depend on the module read without a summary, by its digest
     assert used[str(tmp_path / "pkg" / "other.py")] == "bytes of other.py"
     assert used[str(tmp_path / "pkg" / "rings.py")] == "summary of rings.py"
+
+
+def test_a_loop_over_a_tuple_of_names_another_module_defines(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/layout.py": 'RINGS = ("state", "d_cache", "k_cache", "g_cache")\n',
+        "pkg/pool.py": """
+            import torch
+            from .layout import RINGS
+
+            def rings(shapes, dtype):  # the g_cache ring is one of RINGS
+                out = {}
+                for name in RINGS:
+                    out[name] = torch.zeros(shapes[name], dtype=dtype)
+                for name in RINGS[:1]:
+                    out[name] = torch.zeros(shapes[name], dtype=dtype)
+                return out
+            """,
+    }
+    found = _codes(_lint(tmp_path, files, "pkg/pool.py"))
+    assert found == [(7, "RL006")]  # the second loop is over the state alone

@@ -475,6 +475,27 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
     return text if isinstance(text, str) else None
 
 
+def string_items(prov: Provenance, expr: cst.Name, site: Site) -> list[str] | None:
+    """The strings of an imported tuple or list constant (``TENSOR_FIELDS = ("ssm_state",
+    "d_ring", ...)`` in another module), in order; None unless every element is one."""
+    if prov.project is None:
+        return None
+    evaluation = Evaluation(prov, expr)
+    context = Context(prov.project.module)
+    try:
+        value = as_value(prov, expr, site, {})
+        if value is None:
+            return None
+        entries = evaluation.table(value, context)
+        if any(not isinstance(key, int) for key, _ in entries):
+            return None  # a dict: its iteration order is its keys', read elsewhere
+        texts = [evaluation.string(entry.value, entry.context) for _, entry in entries]
+    except (Unknown, *MALFORMED):
+        return None
+    strings = [text for text in texts if isinstance(text, str)]
+    return strings if len(strings) == len(texts) else None
+
+
 def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
     """``expr`` of the module under analysis as a summary value over its imports: imported
     names and attributes of them, calls of them and subscripts of them; None otherwise."""

@@ -69,8 +69,9 @@ def from_numpy_facts(
 def frombuffer_facts(
     prov: Provenance, call: cst.Call, site: Site, env: Env
 ) -> Iterator[TensorFact]:
-    """``torch.frombuffer(raw, dtype=...)``: raw bytes read as ``dtype``, which a fix must not
-    change (the same bytes read as float32 are other numbers): cast the result instead."""
+    """``torch.frombuffer(raw, dtype=...)``, ``torch.from_file(path, size=n, dtype=...)``: raw
+    bytes read as ``dtype``, which a fix must not change (the same bytes read as float32 are
+    other numbers): cast the result instead."""
     dtype_arg = keyword_arg(call, "dtype")
     facts = prov.dtype_facts(dtype_arg.value, site, env) if dtype_arg is not None else ()
     if facts and all(f.is_float32 for f in facts):
@@ -89,7 +90,7 @@ def frombuffer_facts(
         call,
         call=call,
         dtypes=facts,
-        detail=f"`torch.frombuffer(...)`, raw bytes read as {read_as}",
+        detail=f"`{one_line(prov.index.module, call.func)}(...)`, raw bytes read as {read_as}",
         target=CastValue(call),
     )
 

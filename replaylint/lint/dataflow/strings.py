@@ -192,7 +192,8 @@ def iterations(
     prov: Provenance, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
 ) -> list[Iteration] | None:
     """For ``for <target> in <iterable>`` over a literal collection (directly, through a
-    constant, ``.items()``, ``zip``, ``enumerate``): per iteration, the loop variables that
+    constant of this module or a tuple another module of the project defines, a slice with
+    literal bounds, ``.items()``, ``zip``, ``enumerate``): per iteration, the loop variables that
     hold a known string. None when the iterable is not a literal collection."""
     items = _literal_items(prov, iterable, site, 0)
     if items is None:
@@ -222,6 +223,11 @@ def _literal_items(
         if not found or len(found) != 1:
             return None
         binding, binding_site = found[0]
+        if binding.kind == "import" and prov.project is not None:
+            from replaylint.lint.dataflow.imported import string_items
+
+            texts = string_items(prov, expr, site)  # a tuple of names another module defines
+            return None if texts is None else [(cst.SimpleString(repr(t)), site) for t in texts]
         if binding.value is None:
             return None
         return _literal_items(prov, binding.value, binding_site, depth + 1)

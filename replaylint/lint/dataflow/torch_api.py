@@ -157,7 +157,7 @@ NUMPY_ARRAY_WRAPPERS = frozenset(
 )
 # ``torch.frombuffer(raw, dtype=...)``: the bytes of a buffer (a file read, a socket, shared
 # memory) read as ``dtype``.
-TORCH_BUFFER_READERS = frozenset({"torch.frombuffer"})
+TORCH_BUFFER_READERS = frozenset({"torch.frombuffer", "torch.from_file"})
 NUMPY_FLOAT32_NAMES = frozenset({"numpy.float32", "numpy.single"})
 NUMPY_FLOAT32_STRINGS = frozenset({"float32", "f4", "<f4"})
 # numpy methods whose result keeps the array's origin (a file read stays a file read).
