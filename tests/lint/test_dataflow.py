@@ -666,3 +666,23 @@ def test_a_slice_of_a_tuple_of_names_loops_over_the_names_it_keeps(
                     setattr(self, name, getattr(self, name).half())
         """
     assert _check(source, "RL006") == expected
+
+
+def test_a_loop_that_loads_each_ring_through_a_helper_is_reported_at_its_call() -> None:
+    source = """
+        import numpy as np
+        import torch
+        RINGS = ("d_cache", "k_cache", "g_cache")
+        def read(path, name):
+            array = np.load(f"{path}/{name}.npy")
+            return torch.from_numpy(array)
+        def swap_in(cache, path):
+            for name in RINGS:
+                setattr(cache, name, read(path, name))
+        """
+    linter = Linter(Settings(select=("RL006",)))
+    findings = linter.check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    # the helper reads every ring: the loop that stores them is where the gate ring goes wrong;
+    # a cast for the gate ring only cannot be spelled inside the helper, so there is no fix
+    assert [(f.location.row, f.fix) for f in findings] == [(9, None)]
+    assert "keeps it in the dtype it was saved with" in findings[0].message

@@ -8,13 +8,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.syntax.nodes import literal_string, method_name, positional_args
+from replaylint.lint.syntax.nodes import literal_string, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -204,6 +204,14 @@ def iterations(
         _match(prov, target, item, item_site, env)
         result.append(env)
     return result
+
+
+def naming_variable(key: cst.BaseExpression, envs: Sequence[Iteration]) -> str | None:
+    """The one loop variable the name ``key`` builds depends on (``name``, ``kind``), when every
+    iteration of ``envs`` gives it a string."""
+    used = {node.value for node in read_names(key)}
+    candidates = [v for v in used if all(isinstance(env.get(v), str) for env in envs)]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _literal_items(

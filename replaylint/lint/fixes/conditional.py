@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.facts import AddDtypeArgument, SetDtype, TensorFact
+from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, SetDtype, TensorFact
 from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
 from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.model import Applicability
@@ -34,6 +34,11 @@ def conditional_fix(
         edit = Replace(target.node, f"{spelling} if {condition} else {original}")
     elif isinstance(target, AddDtypeArgument) and target.node.args:
         edit = InsertAfter(target.node.args[-1], f", dtype={spelling} if {condition} else None")
+    elif isinstance(target, CastValue):  # a load: cast what it read, for the gate cache only
+        original = one_line(module, target.node, 10_000)
+        if not isinstance(target.node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+            original = f"({original})"
+        edit = Replace(target.node, f"{original}.to({spelling}) if {condition} else {original}")
     else:
         return None
     # safe, unless spelling float32 needs an import the module did not need before

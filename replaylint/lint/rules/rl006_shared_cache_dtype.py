@@ -9,18 +9,23 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
-from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
+from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import all_params
-from replaylint.lint.dataflow.strings import Iteration
+from replaylint.lint.dataflow.strings import Iteration, naming_variable
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.fixes.drafts import FixDraft, InsertAfter, Replace
-from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
+from replaylint.lint.rules.wording import (
+    WHY,
+    made_how,
+    named_gate_cache,
+    quoted,
+    shared_treatment,
+)
 from replaylint.lint.syntax.nodes import (
     binding_name,
     comprehension_in,
@@ -29,11 +34,11 @@ from replaylint.lint.syntax.nodes import (
     method_name,
     one_line,
     positional_args,
-    read_names,
+    read_count,
 )
 from replaylint.lint.syntax.sites import Site
 
-_REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST})
+_REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, Kind.LOADED})
 
 
 @dataclass
@@ -65,15 +70,15 @@ The rule evaluates the loop body or comprehension once per iteration whose name 
 (`setattr(self, name, ...)`, `self.register_buffer(name, ...)`, `caches[name] = ...`,
 `{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included), deciding
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
-clean. For a helper defined in the same module (a function or a method called on `self`), it
+clean; a ring the loop loads (`setattr(cache, name, snapshot[name])`) keeps its saved dtype. For a helper defined in the same module (a function or a method called on `self`), it
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
 the gate-cache call passes. A helper imported from another module of the project is RL001's or
 RL002's: the argument the gate-cache call passes is followed into the helper's allocation there.
 """
     FIX = """\
-Where it is unambiguous. In a loop or comprehension, the dtype becomes
-`torch.float32 if name == "g_cache" else <the shared dtype>` (or `dtype=torch.float32 if ... else
-None` when there was none: `None` keeps the old behaviour for the other caches). For a helper, the
+Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
+"g_cache" else <the shared dtype>` (`None` when there was none keeps the others' behaviour), and a
+load becomes `x.to(torch.float32) if name == "g_cache" else x`. For a helper, the
 gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
 only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
 dtype expression it had, and only the gate cache changes, to float32. Otherwise — `.half()` in a
@@ -144,6 +149,27 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         ),
     )
     INVALID = (
+        Invalid(
+            """
+            import torch
+
+            def swap_in(cache, path):
+                snapshot = torch.load(path)
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    ring = snapshot[name]
+                    setattr(cache, name, ring)
+            """,
+            expected_fix="""
+            import torch
+
+            def swap_in(cache, path):
+                snapshot = torch.load(path)
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    ring = snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]
+                    setattr(cache, name, ring)
+            """,
+            message_contains="keeps it in the dtype it was saved with",
+        ),
         Invalid(
             """
             import torch
@@ -322,12 +348,15 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     gate_envs.append((name, env))
             if not gate_envs:
                 continue
-            variable = _condition_variable(key, [env for _, env in gate_envs])
+            variable = naming_variable(key, [env for _, env in gate_envs])
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):
                     if fact.kind in _REPORTED and not looked_up_by(fact, loop.target):
                         subject = named_gate_cache(self.context.gate_caches, name)
-                        self._report_loop(fact, subject, loop, variable, gate_envs)
+                        # made in a function the loop calls: report (and fix nothing) here
+                        inside = self.provenance.within(fact.node, site.scope)
+                        at, named = (None, variable) if inside else (value, None)
+                        self._report_loop(fact, subject, loop, named, gate_envs, at=at)
             return
 
     def _report_loop(
@@ -338,23 +367,28 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         variable: str | None,
         gate_envs: list[tuple[str, Iteration]],
         unconditional: FixDraft | None = None,
+        at: cst.CSTNode | None = None,
     ) -> None:
         if id(fact.node) in self._reported:
             return
         self._reported.add(id(fact.node))
         iterable = one_line(self.context.module, loop.iterable)
-        condition = None
-        if variable is not None:
-            values = sorted({str(env[variable]) for _, env in gate_envs})
-            condition = (
-                f"{variable} == {quoted(values[0])}"
-                if len(values) == 1
-                else f"{variable} in ({', '.join(quoted(v) for v in values)})"
-            )
+        values = sorted({str(env[variable]) for _, env in gate_envs}) if variable else []
+        condition = (
+            None
+            if variable is None
+            else f"{variable} == {quoted(values[0])}"
+            if len(values) == 1
+            else f"{variable} in ({', '.join(quoted(v) for v in values)})"
+        )
+        treatment = (
+            f"that keeps it in the dtype it was saved with ({fact.detail})"
+            if fact.kind is Kind.LOADED
+            else f"that gives every cache {shared_treatment(self.context.module, fact)}"
+        )
         self.report(
-            fact.node,
-            f"{subject} is {_what(fact)} by a {loop.word} over `{iterable}` that gives every "
-            f"cache {_shared(self, fact)}; {WHY}",
+            at or fact.node,
+            f"{subject} is {made_how(fact)} by a {loop.word} over `{iterable}` {treatment}; {WHY}",
             fix=unconditional
             if condition is None
             else conditional_fix(
@@ -389,7 +423,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             subject = self._subject(element, name)
             if iterations is not None and len(iterations) == len(target.elements):
                 env = iterations[index]
-                variable = _condition_variable(for_in.target, [env])
+                variable = naming_variable(for_in.target, [env])
                 facts = self.provenance.tensor_facts(comprehension.elt, site, env)
                 again = self._reallocation(comprehension.elt, element)
                 for fact in facts:
@@ -403,7 +437,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     self.report(
                         fact.node,
                         f"{subject} is unpacked from one comprehension that gives "
-                        f"every cache {_shared(self, fact)}; allocate the gate cache on its own "
+                        f"every cache {shared_treatment(self.context.module, fact)}; allocate the gate cache on its own "
                         f"line as float32 ({WHY})",
                         fix=self._reallocation(comprehension.elt, element),
                     )
@@ -464,7 +498,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     continue
                 if any(self.context.gate_caches.matches(b.name) for b in fact.via):
                     continue  # a gate cache inside the helper: RL001/RL002 report it there
-                for parameter in _parameters(fact.dtypes):
+                for parameter in (d.parameter for d in fact.dtypes if d.parameter is not None):
                     if parameter in names:
                         index = names.index(parameter)
                         self._check_argument(
@@ -501,10 +535,12 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         # Passing float32 is right only when the helper's result is the gate cache alone and the
         # parameter serves nothing else.
         torch = self.context.spelling.torch_at(site)
-        single_use = position is None and _uses(helper, name) == 1 and torch is not None
+        single_use = position is None and read_count(helper.body, name) == 1 and torch is not None
         spelling = self.float32(site)
         imports = torch.imports if torch is not None else ()
-        applicability = _applicability(torch)
+        # safe, unless spelling float32 needs an import the module did not need before
+        safe = torch is None or torch.safe
+        applicability = Applicability.SAFE if safe else Applicability.UNSAFE
         if argument is not None:
             facts = self.provenance.dtype_facts(argument.value, site)
             if all(f.is_float32 for f in facts):
@@ -546,11 +582,6 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         )
 
 
-def _applicability(torch: TorchSpelling | None) -> Applicability:
-    """Safe, unless spelling float32 needs an import the module did not need before."""
-    return Applicability.SAFE if torch is None or torch.safe else Applicability.UNSAFE
-
-
 def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str:
     if position is not None:
         return (
@@ -564,36 +595,5 @@ def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str
 
 
 def _may_allocate(value: cst.BaseExpression) -> bool:
-    """Cheap syntactic filter before any dataflow: only calls and conditionals can be reported."""
-    return isinstance(value, (cst.Call, cst.IfExp))
-
-
-def _condition_variable(key: cst.BaseExpression, envs: list[Iteration]) -> str | None:
-    """The one loop variable the cache name depends on (``name``, ``kind``), if there is one."""
-    used = {node.value for node in read_names(key)}
-    candidates = [v for v in used if all(isinstance(env.get(v), str) for env in envs)]
-    return candidates[0] if len(candidates) == 1 else None
-
-
-def _uses(helper: cst.FunctionDef, name: str) -> int:
-    """How often ``name`` is read in ``helper``'s body."""
-    return sum(1 for node in read_names(helper.body) if node.value == name)
-
-
-def _parameters(dtypes: Sequence[DtypeFact]) -> list[str]:
-    return [d.parameter for d in dtypes if d.parameter is not None]
-
-
-def _what(fact: TensorFact) -> str:
-    return "cast" if fact.kind is Kind.CAST else "allocated"
-
-
-def _shared(rule: Rule, fact: TensorFact) -> str:
-    if fact.kind is Kind.INHERITED:
-        return f"the same inherited dtype ({fact.detail})"
-    if fact.kind is Kind.CAST:
-        return f"the same cast ({fact.detail})"
-    literals = fact.non_float32_literals
-    if literals:
-        return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
-    return f"the same dtype `{one_line(rule.context.module, fact.node)}`, which is not provably float32"
+    """Cheap syntactic filter before any dataflow: calls, conditionals, locals."""
+    return isinstance(value, (cst.Call, cst.IfExp, cst.Name))

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import DtypeFact, TensorFact
+from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
 from replaylint.lint.dataflow.imported_modules import ImportedGateBuffer
 from replaylint.lint.dataflow.modules import GUARD, ModuleCast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -249,3 +249,22 @@ def unknown_module_cast_message(
 def quoted(value: str) -> str:
     """``value`` as a Python string literal, double-quoted where it can be."""
     return f'"{value}"' if '"' not in value and "\\" not in value else repr(value)
+
+
+def made_how(fact: TensorFact) -> str:
+    """How a loop made a cache: cast, loaded or allocated."""
+    return {Kind.CAST: "cast", Kind.LOADED: "loaded"}.get(fact.kind, "allocated")
+
+
+def shared_treatment(module: cst.Module, fact: TensorFact) -> str:
+    """What a loop over cache names gives every cache, the gate cache included."""
+    if fact.kind is Kind.INHERITED:
+        return f"the same inherited dtype ({fact.detail})"
+    if fact.kind is Kind.CAST:
+        return f"the same cast ({fact.detail})"
+    if fact.kind is Kind.LOADED:
+        return f"the dtype it was saved with, uncast ({fact.detail})"
+    literals = fact.non_float32_literals
+    if literals:
+        return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
+    return f"the same dtype `{one_line(module, fact.node)}`, which is not provably float32"

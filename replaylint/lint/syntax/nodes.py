@@ -80,6 +80,11 @@ def positional_args(call: cst.Call) -> list[cst.Arg]:
     return [arg for arg in call.args if arg.keyword is None and arg.star == ""]
 
 
+def read_count(node: cst.CSTNode, name: str) -> int:
+    """How often ``name`` is read in ``node``."""
+    return sum(1 for found in read_names(node) if found.value == name)
+
+
 def read_names(node: cst.CSTNode) -> list[cst.Name]:
     """Names in ``node`` (not keyword names of calls, not attribute names)."""
     if isinstance(node, cst.Name):
