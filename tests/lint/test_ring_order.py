@@ -39,6 +39,11 @@ def _ordered(source: str) -> list[str]:
         ("q, k, v = qkv.split(3)", []),
         ("rows = (d, k, g)", []),
         ("rows = (d, k, decay)", []),
+        # one assignment under the other, in one block
+        ("self.delta = make()\nself.key = make()\nself.log_alpha = make()", ["log_alpha"]),
+        ("d_buf = a\nk_buf = b\nif x:\n    lg_buf = c", []),  # not in the same block
+        ("d_proj = a\nk_proj = b\nv_proj = c", []),
+        ("self.delta = a\nself.key = b\nself.value = c", []),
     ],
 )
 def test_the_third_ring_of_a_family_is_the_gate_ring(source: str, expected: list[str]) -> None:

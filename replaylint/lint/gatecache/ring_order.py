@@ -34,7 +34,10 @@ _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", 
 _ROW = re.compile(
     rb"(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
     rb"(?:[A-Za-z_]\w*\.)?"
-    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])",
+    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])"
+    # or one assignment under the other: `self.delta = ...` then `self.key = ...`
+    rb"|(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?[ \t]*=(?!=)[^\n]*\n[ \t]*(?:[A-Za-z_]\w*\.)?"
+    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?:_\w*)?[ \t]*=(?!=)",
     re.IGNORECASE,
 )
 
@@ -62,6 +65,19 @@ def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
         yield node.elts
     elif isinstance(node, ast.Call):
         yield node.args
+    # statements in a row: `self.delta = ...`, `self.key = ...`, `self.log_alpha = ...`
+    for field in ("body", "orelse", "finalbody"):
+        block = getattr(node, field, None)
+        if not isinstance(block, list):
+            continue
+        targets: list[ast.expr] = []
+        for statement in [*block, None]:
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                targets.append(statement.targets[0])
+                continue
+            if len(targets) >= 3:
+                yield targets
+            targets = []
 
 
 def written_name(expr: ast.expr) -> str | None:
