@@ -41,7 +41,8 @@ def _ordered(source: str) -> list[str]:
         ("rows = (d, k, decay)", []),
         # one assignment under the other, in one block
         ("self.delta = make()\nself.key = make()\nself.log_alpha = make()", ["log_alpha"]),
-        ("d_buf = a\nk_buf = b\nif x:\n    lg_buf = c", []),  # not in the same block
+        ("self.d_buf = a\nself.k_buf = b\nif x:\n    self.lg_buf = c", []),  # another block
+        ("d_view = a\nk_view = b\ng_view = c", []),  # locals: views of one function
         ("d_proj = a\nk_proj = b\nv_proj = c", []),
         ("self.delta = a\nself.key = b\nself.value = c", []),
     ],

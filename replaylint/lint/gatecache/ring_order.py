@@ -34,17 +34,20 @@ _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", 
 _ROW = re.compile(
     rb"(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
     rb"(?:[A-Za-z_]\w*\.)?"
-    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])"
-    # or one assignment under the other: `self.delta = ...` then `self.key = ...`
-    rb"|(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?[ \t]*=(?!=)[^\n]*\n[ \t]*(?:[A-Za-z_]\w*\.)?"
-    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?:_\w*)?[ \t]*=(?!=)",
+    rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+# or one assignment under the other: `self.delta = ...` then `self.key = ...`
+_STATEMENT_ROW = re.compile(
+    rb"\.(?:[A-Za-z0-9]+_)*(?:d|delta)(?:_\w*)?[ \t]*=(?!=)[^\n]*\n"
+    rb"[ \t]*[A-Za-z_][\w.]*\.(?:[A-Za-z0-9]+_)*(?:k|key)(?:_\w*)?[ \t]*=(?!=)",
     re.IGNORECASE,
 )
 
 
 def may_list_rings(raw: bytes) -> bool:
     """Whether ``raw`` may write a row of rings (cheap: parse only the files that may)."""
-    return _ROW.search(raw) is not None
+    return _ROW.search(raw) is not None or _STATEMENT_ROW.search(raw) is not None
 
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:
@@ -60,19 +63,32 @@ def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, Lea
                     yield third, LearnedFrom(filename, getattr(node, "lineno", 1), "", reason)
 
 
+_BLOCKS: tuple[type[ast.AST], ...] = (
+    *(ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For),
+    *(ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.ExceptHandler),
+)  # nodes with statement blocks
+
+
 def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
     if isinstance(node, (ast.Tuple, ast.List)):
         yield node.elts
     elif isinstance(node, ast.Call):
         yield node.args
-    # statements in a row: `self.delta = ...`, `self.key = ...`, `self.log_alpha = ...`
+    # statements in a row: `self.delta = ...`, `self.key = ...`, `self.log_alpha = ...` (rings
+    # an object keeps; locals in a row are views and temporaries of one function)
+    if not isinstance(node, _BLOCKS):
+        return
     for field in ("body", "orelse", "finalbody"):
         block = getattr(node, field, None)
         if not isinstance(block, list):
             continue
         targets: list[ast.expr] = []
         for statement in [*block, None]:
-            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            if (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Attribute)
+            ):
                 targets.append(statement.targets[0])
                 continue
             if len(targets) >= 3:

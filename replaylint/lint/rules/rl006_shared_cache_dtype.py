@@ -317,6 +317,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         self._comprehension(node)
 
     def _comprehension(self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp) -> None:
+        if isinstance(node.elt, cst.Name):  # `[t for t in rings]` passes elements on
+            return
         for_in = node.for_in
         loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(for_in.target, node.elt, [loop])
@@ -332,7 +334,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
     ) -> None:
         """``value`` (or the element of a per-layer list) is stored under the name ``key``."""
         value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
-        if not _may_allocate(value):
+        if not isinstance(value, (cst.Call, cst.IfExp, cst.Name)):  # before any dataflow
             return
         for loop in reversed(loops):
             iterations = self._iterations(loop)
@@ -592,8 +594,3 @@ def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str
         f" (`{helper.name.value}` also uses `{name}` for other work: give the gate cache its own "
         "float32 allocation)"
     )
-
-
-def _may_allocate(value: cst.BaseExpression) -> bool:
-    """Cheap syntactic filter before any dataflow: calls, conditionals, locals."""
-    return isinstance(value, (cst.Call, cst.IfExp, cst.Name))

@@ -93,10 +93,8 @@ def _regular_file(path: str) -> tuple[int, int, int] | None:
 
 
 def _learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> _Learned:
-    """What ``raw`` teaches: decode calls and keywords, and (in a file that passes the
-    pre-filter's first stage, ``relevant``, when it writes rings in a row) the ring in the gate
-    ring's place: a file may name its rings (``("d_cache", "k_cache", "la_cache")``) and no
-    gate cache the patterns know."""
+    """What ``raw`` teaches: decode calls and keywords, and (in a file the pre-filter lets through,
+    ``relevant``, when it writes rings in a row) the ring in the gate ring's place."""
     # As in a whole-run learning pass: names the patterns already match need no teaching.
     base = GateCacheNames(settings.gate_cache_patterns)
     needles = learning_needles(settings.entry_points, base)
@@ -167,7 +165,7 @@ class _Scanner:
         stage_one, candidate = _classify(self.relevance, raw)
         return _Scanned(
             digest=content,
-            learned=None if same else _learn(self.settings, path, raw, stage_one),
+            learned=None if same else _learn(self.settings, path, raw, candidate),
             stage_one=stage_one,
             candidate=candidate,
         )
@@ -559,7 +557,7 @@ def _remember(
     key = info.key if info is not None else os.path.join(os.getcwd(), name)
     if raw is not None:  # fixed (or not seen before): describe the new content
         base = Relevance(GateCacheNames(settings.gate_cache_patterns), settings.entry_points)
-        learned = _learn(settings, name, raw, _classify(base, raw)[0])
+        learned = _learn(settings, name, raw, _classify(base, raw)[1])
         content = digest(raw)
     else:
         assert info is not None
