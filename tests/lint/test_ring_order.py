@@ -243,8 +243,8 @@ def test_a_module_that_only_names_its_rings_teaches_the_gate_ring(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A tuple of ring names (`RINGS = ("d_cache", "k_cache", "la_cache")`) teaches the one in
-    the gate ring's place, in a module with no decode call and no gate-cache name the patterns
-    know; a slice of that tuple is a loop over the names it keeps."""
+    the gate ring's place also in a module with no decode call; a slice of that tuple is a loop
+    over the names it keeps."""
     from replaylint.cli import main
 
     (tmp_path / "pkg").mkdir()
