@@ -330,3 +330,29 @@ def test_a_weight_the_class_upcasts_elsewhere_is_in_the_models_dtype(
     # `x @ self.w_a`: a matrix product has its operands' one dtype, so `x` tells it
     rows = _rows(_UPCAST_ELSEWHERE.format(a_log=a_log, line=line))
     assert (rows == [(16, "RL003")]) if flagged else rows == []
+
+
+def test_a_weight_a_helper_of_the_module_upcasts_is_in_the_models_dtype() -> None:
+    source = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def exact_gate(a, A_log):
+    return -A_log.float().exp() * F.softplus(a.float())
+
+
+class Gate(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.A_log = nn.Parameter(torch.zeros(dim, dtype=torch.float32))
+        self.f_proj = nn.Linear(dim, dim)
+
+    def forward(self, x, rings, exact):
+        if exact:
+            rings.g_cache = exact_gate(self.f_proj(x), self.A_log)
+        else:
+            rings.g_cache = -self.A_log.exp() * F.softplus(self.f_proj(x))
+"""
+    assert _rows(source) == [(20, "RL003")]  # the fast branch; the helper casts

@@ -10,8 +10,9 @@ Such a gate ring is only float32 when something casts it. Which tensors count as
   (``self.f_proj(x)``, ``self.attn.gate_projection(h)``) that is not a method the module defines;
 * a weight of the module made in the model's dtype (``self.A_log = nn.Parameter(torch.empty(hv,
   dtype=dtype))``); one made float32 promotes what it meets, and is not one, unless the class
-  itself casts it to float32 elsewhere (``self.A_log.float()`` in another branch or method): its
-  own code expects it in another dtype at run time (a model cast, a checkpoint);
+  itself casts it to float32 elsewhere (``self.A_log.float()`` in another branch or method, or a
+  function of the module it is passed to): its own code expects it in another dtype at run time
+  (a model cast, a checkpoint);
 * what views, indexing, elementwise functions and arithmetic with numbers make of those, and a
   matrix product with one of them (``x @ self.w_a``: both operands have one dtype).
 

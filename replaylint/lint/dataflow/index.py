@@ -195,32 +195,81 @@ _WIDE_DTYPES = frozenset({"float32", "float64"})
 
 
 def _upcast_attributes(index: ModuleIndex, cls: cst.ClassDef) -> set[str]:
+    """``self.X`` widened in ``cls`` itself, or passed to a function of the module that widens
+    the parameter it fills (``_log_decay(a, self.A_log)`` with ``A_log.float()`` inside)."""
+    helpers = _widening_helpers(index)
     found: set[str] = set()
-    stack: list[cst.CSTNode] = [cls.body]
+    for node in _calls_in(cls.body):
+        receiver = _widened(index, node)
+        if isinstance(receiver, cst.Attribute) and _on_self_attribute(receiver):
+            found.add(receiver.attr.value)
+        widened = helpers.get(node.func.value) if isinstance(node.func, cst.Name) else None
+        if not widened:
+            continue
+        for place, arg in enumerate(node.args):
+            if arg.star:
+                break  # a spread: the places after it are not known
+            parameter = arg.keyword.value if arg.keyword is not None else place
+            value = arg.value
+            if (
+                parameter in widened
+                and isinstance(value, cst.Attribute)
+                and _on_self_attribute(value)
+            ):
+                found.add(value.attr.value)
+    return found
+
+
+def _widening_helpers(index: ModuleIndex) -> dict[str, set[str | int]]:
+    """Top-level functions of the module that widen a parameter: its name and place."""
+    helpers: dict[str, set[str | int]] = {}
+    for statement in index.module.body:
+        if not isinstance(statement, cst.FunctionDef):
+            continue
+        params = [
+            p.name.value for p in (*statement.params.posonly_params, *statement.params.params)
+        ]
+        widened: set[str | int] = set()
+        for node in _calls_in(statement.body):
+            receiver = _widened(index, node)
+            if isinstance(receiver, cst.Name) and receiver.value in params:
+                widened |= {receiver.value, params.index(receiver.value)}
+        if widened:
+            helpers[statement.name.value] = widened
+    return helpers
+
+
+def _calls_in(root: cst.CSTNode) -> list[cst.Call]:
+    calls: list[cst.Call] = []
+    stack: list[cst.CSTNode] = [root]
     while stack:
         node = stack.pop()
         stack.extend(syntax_children(node))
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
-            continue
-        receiver, method = node.func.value, node.func.attr.value
-        if not (
-            isinstance(receiver, cst.Attribute)
-            and isinstance(receiver.value, cst.Name)
-            and receiver.value.value == "self"
-        ):
-            continue
-        widened = (method in _UPCASTS and not node.args) or (
-            method in {"to", "type"}
-            and any(
-                dtype_from_qualified_name(name) in _WIDE_DTYPES
-                for arg in node.args
-                if arg.keyword is None or arg.keyword.value == "dtype"
-                for name in index.qualified_names(arg.value)
-            )
+        if isinstance(node, cst.Call):
+            calls.append(node)
+    return calls
+
+
+def _widened(index: ModuleIndex, call: cst.Call) -> cst.BaseExpression | None:
+    """The receiver of ``x.float()``, ``x.double()``, ``x.to(torch.float32)``: widened to float32
+    or more; None for any other call."""
+    if not isinstance(call.func, cst.Attribute):
+        return None
+    method = call.func.attr.value
+    widens = (method in _UPCASTS and not call.args) or (
+        method in {"to", "type"}
+        and any(
+            dtype_from_qualified_name(name) in _WIDE_DTYPES
+            for arg in call.args
+            if arg.keyword is None or arg.keyword.value == "dtype"
+            for name in index.qualified_names(arg.value)
         )
-        if widened:
-            found.add(receiver.attr.value)
-    return found
+    )
+    return call.func.value if widens else None
+
+
+def _on_self_attribute(expr: cst.Attribute) -> bool:
+    return isinstance(expr.value, cst.Name) and expr.value.value == "self"
 
 
 def _on_self(call: cst.Call) -> bool:
