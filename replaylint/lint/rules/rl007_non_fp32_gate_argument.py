@@ -50,7 +50,8 @@ comprehension over one) keeps the places after it. Only what is *provably* not f
 (an unknown dtype is not), so a gate cache received as a parameter, read from `self`, or passed in
 a mapping the function does not build is never a finding here. One cast is wrong by design: to
 the dtype of the d or k ring the same call passes (`g.to(d_cache.dtype)`, `g.type_as(d_cache)`),
-since those rings follow the model's dtype; it is reported unless that ring is provably float32.
+since those rings follow the model's dtype; it is reported unless that ring is provably float32,
+and its fix (a cast to float32) is unsafe: the kernel then writes into the ring, not into a copy.
 """
     FIX = (
         """\
