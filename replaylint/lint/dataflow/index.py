@@ -19,7 +19,7 @@ from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
-from replaylint.lint.syntax.traversal import syntax_children
+from replaylint.lint.syntax.traversal import descendants, syntax_children
 
 _ASSIGNMENT_OPERATOR = r"(?:[-+*/%&|^@]|//|\*\*|<<|>>)?=(?!=)"
 """``=`` or an augmented assignment's operator, not ``==``."""
@@ -240,14 +240,7 @@ def _widening_helpers(index: ModuleIndex) -> dict[str, set[str | int]]:
 
 
 def _calls_in(root: cst.CSTNode) -> list[cst.Call]:
-    calls: list[cst.Call] = []
-    stack: list[cst.CSTNode] = [root]
-    while stack:
-        node = stack.pop()
-        stack.extend(syntax_children(node))
-        if isinstance(node, cst.Call):
-            calls.append(node)
-    return calls
+    return [node for node in descendants(root) if isinstance(node, cst.Call)]
 
 
 def _widened(index: ModuleIndex, call: cst.Call) -> cst.BaseExpression | None:
