@@ -3,14 +3,21 @@ cache only.
 
 ``for name in ("d_cache", "k_cache", "g_cache"): ... torch.zeros(shape, dtype=dtype)`` gets
 ``dtype=torch.float32 if name == "g_cache" else dtype`` (or ``dtype=torch.float32 if ... else
-None`` where no dtype was given: ``None`` keeps the old behaviour for the other caches).
+None`` where no dtype was given: ``None`` keeps the old behaviour for the other caches), and
+``getattr(self, name).half()`` gets ``.float()`` for the gate cache only.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, SetDtype, TensorFact
+from replaylint.lint.dataflow.facts import (
+    AddDtypeArgument,
+    CastMethodToFloat,
+    CastValue,
+    SetDtype,
+    TensorFact,
+)
 from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Replace
 from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.model import Applicability
@@ -39,6 +46,18 @@ def conditional_fix(
         if not isinstance(target.node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
             original = f"({original})"
         edit = Replace(target.node, f"{original}.to({spelling}) if {condition} else {original}")
+    elif isinstance(target, CastMethodToFloat):  # `t.half()`: `t.float()` for the gate only
+        call = fact.call
+        if not (
+            isinstance(call, cst.Call)
+            and not call.args
+            and isinstance(call.func, cst.Attribute)
+            and call.func.attr is target.node
+        ):
+            return None
+        original = one_line(module, call, 10_000)
+        tensor = one_line(module, call.func.value, 10_000)
+        edit = Replace(call, f"({tensor}.float() if {condition} else {original})")
     else:
         return None
     # safe, unless spelling float32 needs an import the module did not need before

@@ -10,15 +10,14 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
-from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.dataflow.strings import Iteration, naming_variable
 from replaylint.lint.fixes.conditional import conditional_fix
-from replaylint.lint.fixes.drafts import FixDraft, InsertAfter, Replace
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.shared_helpers import SharedHelpers
 from replaylint.lint.rules.wording import (
     WHY,
     made_how,
@@ -34,7 +33,6 @@ from replaylint.lint.syntax.nodes import (
     method_name,
     one_line,
     positional_args,
-    read_count,
 )
 from replaylint.lint.syntax.sites import Site
 
@@ -43,6 +41,7 @@ _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, 
 
 @dataclass
 class _Loop:
+    node: cst.CSTNode  # the `for` statement or the comprehension
     target: cst.BaseExpression
     iterable: cst.BaseExpression
     site: Site
@@ -78,11 +77,14 @@ RL002's: the argument the gate-cache call passes is followed into the helper's a
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
 "g_cache" else <the shared dtype>` (`None` when there was none keeps the others' behaviour), and a
-load becomes `x.to(torch.float32) if name == "g_cache" else x`. For a helper, the
+load becomes `x.to(torch.float32) if name == "g_cache" else x` and a cast method `x.half()`
+becomes `x.float() if name == "g_cache" else x.half()`. A tensor made before the loop and paired
+with the gate cache's name (`zip(RINGS, (d, k, g))`) is allocated as float32 where it is made,
+when no other cache is that tensor and it is read nowhere else. For a helper, the
 gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
 only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
-dtype expression it had, and only the gate cache changes, to float32. Otherwise — `.half()` in a
-loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
+dtype expression it had, and only the gate cache changes, to float32. Otherwise — a cast
+with arguments in a loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
 targets — the finding says what to change and has no fix, with one exception: a gate cache
 unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`, `dtype` and
 `device` given) is made again on the next line,
@@ -253,6 +255,42 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         Invalid(
             """
             import torch
+
+            def grow(pool, rows):
+                d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
+                g = d.new_zeros(rows, *pool.g_cache.shape[1:])
+                for name, new in zip(("d_cache", "g_cache"), (d, g)):
+                    setattr(pool, name, new)
+            """,
+            expected_fix="""
+            import torch
+
+            def grow(pool, rows):
+                d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
+                g = d.new_zeros(rows, *pool.g_cache.shape[1:], dtype=torch.float32)
+                for name, new in zip(("d_cache", "g_cache"), (d, g)):
+                    setattr(pool, name, new)
+            """,
+        ),
+        Invalid(
+            """
+            import torch
+
+            def half_(pool):
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    setattr(pool, name, getattr(pool, name).half())
+            """,
+            expected_fix="""
+            import torch
+
+            def half_(pool):
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    setattr(pool, name, (getattr(pool, name).float() if name == "g_cache" else getattr(pool, name).half()))
+            """,
+        ),
+        Invalid(
+            """
+            import torch
             d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
             """,
             expected_fix="""
@@ -268,10 +306,11 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         super().__init__(context)
         self._loops: list[_Loop] = []
         self._reported: set[int] = set()
+        self._helpers: SharedHelpers | None = None
 
     # ------------------------------------------------------------------ loops over names
     def visit_For(self, node: cst.For) -> None:
-        self._loops.append(_Loop(node.target, node.iter, self.site()))
+        self._loops.append(_Loop(node, node.target, node.iter, self.site()))
 
     def leave_For(self, original_node: cst.For) -> None:
         self._loops.pop()
@@ -304,7 +343,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
 
     def visit_DictComp(self, node: cst.DictComp) -> None:
         for_in = node.for_in
-        loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
+        loop = _Loop(node, for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(node.key, node.value, [loop])
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
@@ -320,7 +359,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         if isinstance(node.elt, cst.Name):  # `[t for t in rings]` passes elements on
             return
         for_in = node.for_in
-        loop = _Loop(for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
+        loop = _Loop(node, for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(for_in.target, node.elt, [loop])
 
     def _iterations(self, loop: _Loop) -> list[Iteration] | None:
@@ -355,11 +394,49 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 for fact in self.provenance.tensor_facts(value, site, env):
                     if fact.kind in _REPORTED and not looked_up_by(fact, loop.target):
                         subject = named_gate_cache(self.context.gate_caches, name)
-                        # made in a function the loop calls: report (and fix nothing) here
-                        inside = self.provenance.within(fact.node, site.scope)
-                        at, named = (None, variable) if inside else (value, None)
-                        self._report_loop(fact, subject, loop, named, gate_envs, at=at)
+                        if not self.provenance.within(fact.node, site.scope):
+                            # made in a function the loop calls: report (and fix nothing) here
+                            self._report_loop(fact, subject, loop, None, gate_envs, at=value)
+                        elif self.provenance.within(fact.node, loop.node):
+                            self._report_loop(fact, subject, loop, variable, gate_envs)
+                        else:  # made before the loop, where the loop's name is not bound
+                            fix = self._before_loop_fix(fact, key, value, loop, iterations, site)
+                            self._report_loop(fact, subject, loop, None, gate_envs, fix)
             return
+
+    def _before_loop_fix(
+        self,
+        fact: TensorFact,
+        key: cst.BaseExpression,
+        value: cst.BaseExpression,
+        loop: _Loop,
+        iterations: Sequence[Iteration],
+        site: Site,
+    ) -> FixDraft | None:
+        """Float32 where a tensor made before the loop becomes the gate cache in it, as in
+        ``for name, t in zip(RINGS, (d, k, g))``: only when no other cache of the loop is that
+        tensor and the names it passes through are read nowhere else."""
+        for env in iterations:
+            name = self.provenance.string_value(key, site, env)
+            if name is not None and self.context.gate_caches.matches(name):
+                continue
+            if any(
+                other.node is fact.node for other in self.provenance.tensor_facts(value, site, env)
+            ):
+                return None  # the same tensor is another cache too
+        loop_names = {id(b.node) for b in fact.via if self.provenance.within(b.node, loop.node)}
+        if not all(
+            self.context.index.read_once(b) for b in fact.via if id(b.node) not in loop_names
+        ):
+            return None
+        made = None if fact.target is None else self.context.spelling.edits_for(fact.target, site)
+        if made is None:
+            return None
+        edits, safe = made
+        applicability = Applicability.SAFE if safe else Applicability.UNSAFE
+        return FixDraft(
+            f"Allocate it as {self.context.spelling.float32_at(site)}", edits, applicability
+        )
 
     def _report_loop(
         self,
@@ -417,7 +494,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     self._check_helper(value, self._subject(element, name), site, index)
             return
         for_in = comprehension.for_in
-        loop = _Loop(for_in.target, for_in.iter, site, "comprehension", for_in.ifs)
+        loop = _Loop(comprehension, for_in.target, for_in.iter, site, "comprehension", for_in.ifs)
         iterations = self._iterations(loop)
         for index, element, name in positions:
             if reallocates(self.context.index, site.statement, element):
@@ -471,126 +548,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             self._check_helper(value, self.subject(binding), binding.site, None)
 
     def _check_helper(self, call: cst.Call, subject: str, site: Site, position: int | None) -> None:
-        found = called_function(self.context.index, self.provenance, call, site)
-        if found is None:
-            return
-        helper, helper_scopes, bound = found
-        scope = self.context.scope(helper)
-        parameters = [p for p in all_params(helper.params) if p.star == ""]
-        if bound and parameters:
-            parameters = parameters[1:]
-        names = [p.name.value for p in parameters]
-        for statement_return, statement in scope.returns:
-            returned = statement_return.value
-            if returned is None:
-                continue
-            if position is not None:
-                comprehension = comprehension_in(returned)
-                if comprehension is not None:
-                    returned = comprehension.elt
-                elif isinstance(returned, (cst.Tuple, cst.List)) and position < len(
-                    returned.elements
-                ):
-                    returned = returned.elements[position].value
-                else:
-                    continue
-            helper_site = Site(helper_scopes, statement)
-            for fact in self.provenance.tensor_facts(returned, helper_site):
-                if fact.kind not in {Kind.VARIABLE, Kind.EXPLICIT}:
-                    continue
-                if any(self.context.gate_caches.matches(b.name) for b in fact.via):
-                    continue  # a gate cache inside the helper: RL001/RL002 report it there
-                for parameter in (d.parameter for d in fact.dtypes if d.parameter is not None):
-                    if parameter in names:
-                        index = names.index(parameter)
-                        self._check_argument(
-                            call, subject, site, helper, parameters[index], index, fact, position
-                        )
-                        return
-
-    def _check_argument(
-        self,
-        call: cst.Call,
-        subject: str,
-        site: Site,
-        helper: cst.FunctionDef,
-        parameter: cst.Param,
-        index: int,
-        fact: TensorFact,
-        position: int | None,
-    ) -> None:
-        name = parameter.name.value
-        argument = keyword_arg(call, name)
-        stars = any(arg.star for arg in call.args)
-        if argument is None and not stars:
-            positional = positional_args(call)
-            if index < len(positional):
-                argument = positional[index]
-        helper_line = self.context.line_of(helper)
-        allocation = one_line(
-            self.context.module, fact.allocation.call if fact.allocation else fact.node
-        )
-        lead = (
-            f"{subject} is allocated by `{helper.name.value}` (line {helper_line}), "
-            f"whose parameter `{name}` is the dtype of `{allocation}` for every cache it makes"
-        )
-        # Passing float32 is right only when the helper's result is the gate cache alone and the
-        # parameter serves nothing else.
-        torch = self.context.spelling.torch_at(site)
-        single_use = position is None and read_count(helper.body, name) == 1 and torch is not None
-        spelling = self.float32(site)
-        imports = torch.imports if torch is not None else ()
-        # safe, unless spelling float32 needs an import the module did not need before
-        safe = torch is None or torch.safe
-        applicability = Applicability.SAFE if safe else Applicability.UNSAFE
-        if argument is not None:
-            facts = self.provenance.dtype_facts(argument.value, site)
-            if all(f.is_float32 for f in facts):
-                return
-            passed = one_line(self.context.module, argument.value)
-            fix = (
-                FixDraft(
-                    f"Pass {spelling} for `{name}`",
-                    (Replace(argument.value, spelling), *imports),
-                    applicability,
-                )
-                if single_use
-                else None
-            )
-            self.report(
-                argument.value,
-                f"{lead}; this call passes `{passed}`, which is not provably float32; {WHY}"
-                + ("" if single_use else _why_no_fix(helper, name, position)),
-                fix=fix,
-            )
-            return
-        if stars or parameter.default is None:
-            return
-        default_facts = self.provenance.dtype_facts(parameter.default, Site(site.scopes[:1], None))
-        if all(f.is_float32 for f in default_facts):
-            return
-        fix = None
-        if single_use and call.args:
-            fix = FixDraft(
-                f"Pass {name}={spelling}",
-                (InsertAfter(call.args[-1], f", {name}={spelling}"), *imports),
-                applicability,
-            )
-        self.report(
-            call,
-            f"{lead}; this call leaves it at its default "
-            f"`{one_line(self.context.module, parameter.default)}`, which is not float32; {WHY}",
-            fix=fix,
-        )
-
-
-def _why_no_fix(helper: cst.FunctionDef, name: str, position: int | None) -> str:
-    if position is not None:
-        return (
-            f" (`{helper.name.value}` returns several caches made with `{name}`: allocate the "
-            "gate cache separately as float32)"
-        )
-    return (
-        f" (`{helper.name.value}` also uses `{name}` for other work: give the gate cache its own "
-        "float32 allocation)"
-    )
+        if self._helpers is None:
+            self._helpers = SharedHelpers(self.context, self.provenance)
+        found = self._helpers.finding(call, subject, site, position)
+        if found is not None:
+            self.report(found.node, found.message, fix=found.fix)
