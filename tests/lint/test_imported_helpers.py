@@ -161,3 +161,42 @@ def test_a_returned_element_is_followed_when_the_body_rebinds_a_parameter(
     files = {"pkg/__init__.py": "", "pkg/_policy.py": _RING_DTYPES, "pkg/user.py": user}
     codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
     assert codes == expected
+
+
+_TABLES = """
+import torch
+
+
+def ring_dtypes(dtype):
+    return {"d_cache": dtype, "k_cache": dtype, "g_cache": torch.float32}
+
+
+def shared_ring_dtypes(dtype):
+    return {"d_cache": dtype, "k_cache": dtype, "g_cache": dtype}
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "after", "expected"),
+    [
+        ("ring_dtypes", "", []),
+        ("shared_ring_dtypes", "", ["RL002"]),
+        ("local_ring_dtypes", "", []),
+        ("local_shared_ring_dtypes", "", ["RL002"]),
+        # the caller writes the entry: the table no longer says what it holds
+        ("ring_dtypes", '    dtypes["g_cache"] = dtype\n', ["RL002"]),
+    ],
+)
+def test_an_entry_of_a_dict_a_function_returns(
+    tmp_path: Path, policy: str, after: str, expected: list[str]
+) -> None:
+    user = (
+        "import torch\nfrom ._tables import ring_dtypes, shared_ring_dtypes\n\n"
+        'def local_ring_dtypes(dtype):\n    return {"g_cache": torch.float32}\n\n'
+        'def local_shared_ring_dtypes(dtype):\n    return {"g_cache": dtype}\n\n'
+        f"def build(shape, dtype):\n    dtypes = {policy}(dtype)\n{after}"
+        '    g_cache = torch.zeros(shape, dtype=dtypes["g_cache"])\n    return g_cache\n'
+    )
+    files = {"pkg/__init__.py": "", "pkg/_tables.py": _TABLES, "pkg/user.py": user}
+    codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+    assert codes == expected

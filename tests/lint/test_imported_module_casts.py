@@ -62,6 +62,14 @@ class Projection(nn.Module):
 
 def build_model(config):
     return KimiModel(config)
+
+
+def load_model(config):
+    return KimiModel(config), {"layers": config.num_layers}
+
+
+def load_projection():
+    return Projection(), {}
 """
 
 
@@ -209,3 +217,23 @@ def test_a_cached_run_gives_the_same_finding(tmp_path: Path) -> None:
     write_tree(tmp_path, _TREE)
     first = _run(tmp_path, ".")
     assert first == _run(tmp_path, ".") == [("pkg/loader.py", 7, "RL004")]
+
+
+@pytest.mark.parametrize(
+    ("body", "reported"),
+    [
+        ("model, meta = load_model(config)\n    model.half()", True),
+        ("projection, meta = load_projection()\n    projection.half()", False),
+        ("meta, model = load_model(config)\n    model.half()", False),  # the dict is no model
+        ("model, meta = made_here(config)\n    model.to(torch.bfloat16)", True),
+    ],
+)
+def test_an_element_of_a_returned_tuple_is_an_instance_of_its_class(
+    tmp_path: Path, body: str, reported: bool
+) -> None:
+    loader = (
+        "import torch\nfrom .modeling import KimiModel, load_model, load_projection\n\n\n"
+        "def made_here(config):\n    return KimiModel(config), None\n\n\n"
+        f"def load(config):\n    {body}\n"
+    )
+    assert [f[1] for f in _findings(tmp_path, loader)] == (["RL004"] if reported else [])

@@ -277,3 +277,63 @@ def test_a_learned_name_matches_its_variants_with_a_word_inside() -> None:
     assert names.learned_from("alpha_move_buffer") == LearnedFrom("m.py", 1, "f")
     assert not names.matches("alpha_buffering")
     assert not names.matches("beta_move_buffer")
+
+
+def test_an_attribute_bound_to_the_entry_point_is_an_alias() -> None:
+    source = textwrap.dedent(
+        """
+        from kernels import ops
+
+        class Layer:
+            def __init__(self):
+                self.decode_op = ops.kda_replayssm_decode
+
+            def forward(self, q, k, v, a, b, s, idx, d, kk):
+                return self.decode_op(q, k, v, a, b, s, idx, d, kk, self.decay_rows)
+        """
+    ).lstrip()
+    assert _learn(source) == {"decay_rows": 8}
+
+
+def test_a_target_bound_to_two_callables_is_no_alias() -> None:
+    source = textwrap.dedent(
+        """
+        from kernels import ops
+
+        class Layer:
+            def __init__(self, fast):
+                self.decode_op = ops.kda_replayssm_decode
+                if fast:
+                    self.decode_op = ops.other_step
+
+            def forward(self, q, k, v, a, b, s, idx, d, kk):
+                return self.decode_op(q, k, v, a, b, s, idx, d, kk, self.decay_rows)
+        """
+    ).lstrip()
+    assert _learn(source) == {}
+
+
+@pytest.mark.parametrize(
+    ("binding", "learned"),
+    [
+        ("d, kk, lam = self.d_buf, self.k_buf, self.forget_cache", {"lam", "forget_cache"}),
+        ("lam = self.forget_cache.contiguous()", {"lam", "forget_cache"}),
+        ('lam = rings["forget_cache"]', {"lam", "forget_cache"}),
+        ("lam = rings[2]", {"lam"}),  # a place in a list names the list, not the ring
+        ("lam = self.d_buf", set()),  # the d ring is passed too: it names no gate ring
+    ],
+)
+def test_a_passed_local_also_teaches_the_name_it_was_taken_by(
+    binding: str, learned: set[str]
+) -> None:
+    source = textwrap.dedent(
+        f"""
+        from kernels.ops import kda_replayssm_decode
+
+        def step(self, rings, q, k, v, a, b, s, idx):
+            d, kk = self.d_buf, self.k_buf
+            {binding}
+            return kda_replayssm_decode(q, k, v, a, b, s, idx, d, kk, lam)
+        """
+    ).lstrip()
+    assert set(_learn(source)) == learned

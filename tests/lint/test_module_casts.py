@@ -230,6 +230,9 @@ def _rows(use: str) -> list[int]:
         "def cast(model: 'KimiModel | None'):\n    model.half()",
         "model = KimiModel(config) if fast else ListModel(config)\nmodel.half()",
         "model = MlaModel(config) if fast else KimiModel(config)\nmodel.half()",
+        # named `model`, of no known class, beside gate-buffer models: one of them
+        "def cast(model):\n    model.half()",
+        "def cast(model: KimiModel, config):\n    model = load(config)\n    model.half()",
     ],
 )
 def test_a_cast_of_a_model_that_holds_a_gate_buffer_is_reported(use: str) -> None:
@@ -260,8 +263,8 @@ def test_a_cast_of_a_model_that_holds_a_gate_buffer_is_reported(use: str) -> Non
         "model = keep_fp32_gate_caches(KimiModel(config).half())",
         "model = KimiModel(config).half()\nkeep_fp32_gate_caches(model)",
         "model = KimiModel(config)\nkeep_fp32_gate_caches(model)\nmodel.half()",
-        "def cast(model):\n    model.half()",
-        "def cast(model: KimiModel, config):\n    model = load(config)\n    model.half()",
+        "def cast(layer):\n    layer.half()",  # no model by name or class
+        "def cast(model: MlaModel):\n    model.half()",  # the annotation decides
         "model = Fp32GatesModel(config) if keep else KimiModel(config)\nif keep:\n    model.half()",
         "model = KimiModel(config) if not keep else Fp32GatesModel(config)\n"
         "if keep:\n    model.half()",

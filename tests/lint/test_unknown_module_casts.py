@@ -323,3 +323,62 @@ def test_layers_of_a_container_attribute_and_casts_undone_at_once(tmp_path: Path
     # a choice of classes one of which keeps its gate buffer is not a certain conversion; a
     # choice of two classes that both hold one is
     assert rows == [7, 25]
+
+
+_NAMED = """
+import torch
+from torch import nn
+
+from .modeling import Block
+
+
+class Engine:
+    def __init__(self, model, dtype):
+        self.model = model
+        self.dtype = dtype
+
+    def prepare(self):
+        self.model.to(self.dtype)
+
+
+def wrap(model, dtype):
+    return model.half()
+
+
+def load_model(loader, path):
+    model = loader(path)
+    model = model.bfloat16()
+    return model
+
+
+def annotated(model: Block):
+    return model.half()
+
+
+def known():
+    model = Block()
+    return model.half()
+
+
+def other_name(layer):
+    return layer.half()
+
+
+def moved(model):
+    return model.to("cuda")
+"""
+
+
+def test_a_model_of_unknown_class_named_model_is_a_module_cast(tmp_path: Path) -> None:
+    # what a project of gate-buffer models calls `model`, with nothing else to say what it is
+    files = _package({"pkg/modeling.py": _MODELING, "pkg/engine.py": _NAMED})
+    found = {row for path, row, code in _findings(tmp_path, files) if path == "pkg/engine.py"}
+    assert found == {13, 17, 22}
+
+
+def test_a_model_named_model_in_a_project_without_gate_buffers_is_not_reported(
+    tmp_path: Path,
+) -> None:
+    plain = "import torch\nfrom torch import nn\n\nclass Block(nn.Module):\n    pass\n"
+    files = _package({"pkg/modeling.py": plain, "pkg/engine.py": _NAMED})
+    assert not any(path == "pkg/engine.py" for path, _, _ in _findings(tmp_path, files))

@@ -2,7 +2,9 @@
 
 A dict or a tuple written in the module (directly, or through a local or module constant bound
 once) is read like a table: with the key or index known (a literal, or a loop variable in the
-iteration being evaluated), the entry is the expression the analysis follows.
+iteration being evaluated), the entry is the expression the analysis follows. So is the dict a
+function of the module returns (``dtypes = ring_dtypes(dtype); dtypes["g_cache"]``), entry by
+entry of each ``return``, when the caller never writes that entry afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow import strings
+from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.kwargs import entry_changed
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.syntax.nodes import literal_string
 from replaylint.lint.syntax.sites import Site
@@ -36,6 +40,42 @@ def dict_literal(
     return None, site
 
 
+def returned_entries(
+    prov: Provenance, subscript: cst.Subscript, site: Site, env: Env
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """``dtypes[key]`` of ``dtypes = helper(...)``, a function of the module every ``return`` of
+    which is a dict literal holding ``key``: the entry of each; None otherwise."""
+    table = subscript.value
+    if not isinstance(table, cst.Name) or len(subscript.slice) != 1:
+        return None
+    index = subscript.slice[0].slice
+    found = prov.lookup(table.value, site, env)
+    if not isinstance(index, cst.Index) or not found or len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+        return None
+    key = strings.string_value(prov, index.value, site, env)
+    if key is None or entry_changed(binding_site.scope, table.value, binding.node, key):
+        return None
+    called = called_function(prov.index, prov, binding.value, binding_site)
+    if called is None:
+        return None
+    function, scopes, _ = called
+    entries: list[tuple[cst.BaseExpression, Site]] = []
+    for returned, statement in prov.index.scope(function).returns:
+        mapping, where = (
+            dict_literal(prov, returned.value, Site(scopes, statement), {})
+            if returned.value is not None
+            else (None, site)
+        )
+        entry = None if mapping is None else _entry(mapping, key)
+        if entry is None:
+            return None
+        entries.append((entry, where))
+    return entries or None
+
+
 def dict_entry(
     prov: Provenance, mapping: cst.Dict, subscript: cst.Subscript, site: Site, env: Env
 ) -> cst.BaseExpression | None:
@@ -43,8 +83,10 @@ def dict_entry(
     if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
         return None
     key = strings.string_value(prov, subscript.slice[0].slice.value, site, env)
-    if key is None:
-        return None
+    return None if key is None else _entry(mapping, key)
+
+
+def _entry(mapping: cst.Dict, key: str) -> cst.BaseExpression | None:
     for element in mapping.elements:
         if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
             return element.value

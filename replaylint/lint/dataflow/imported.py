@@ -29,6 +29,7 @@ import libcst as cst
 from replaylint.lint.dataflow.facts import (
     DtypeFact,
 )
+from replaylint.lint.dataflow.kwargs import entry_changed
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import (
     dtype_from_qualified_name,
@@ -523,11 +524,32 @@ def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -
         return ["call", callee, args, keywords]
     if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
         index = expr.slice[0].slice
+        if not isinstance(index, cst.Index):
+            return None
         table = as_value(prov, expr.value, site, env)
-        if table is None or not isinstance(index, cst.Index):
+        if table is None and isinstance(expr.value, cst.Name):
+            table = _returned_table(prov, expr.value, index.value, site, env)
+        if table is None:
             return None
         return ["item", table, ["__here__", Here(index.value, site, env)]]
     return None
+
+
+def _returned_table(
+    prov: Provenance, name: cst.Name, key: cst.BaseExpression, site: Site, env: Env
+) -> Value | None:
+    """``dtypes = ring_dtypes(dtype)`` bound once to a call of a project function, whose entry
+    ``key`` the scope never writes afterwards: the call, for ``dtypes["g_cache"]``."""
+    found = prov.lookup(name.value, site, env)
+    if not found or len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+        return None
+    wanted = prov.string_value(key, site, env)
+    if wanted is None or entry_changed(binding_site.scope, name.value, binding.node, wanted):
+        return None
+    return as_value(prov, binding.value, binding_site, env)
 
 
 def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.helpers import CalledFunction, called_function
 from replaylint.lint.dataflow.imported import MALFORMED, as_value
 from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, annotated_name
+from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.project.gate_buffers import (
     ImportedGateBuffer,
@@ -35,6 +37,7 @@ from replaylint.lint.syntax.traversal import descendants
 
 __all__ = [
     "ImportedGateBuffer",
+    "imported_class",
     "imported_gate_buffer",
     "imports_gate_buffer_class",
     "imports_gate_buffer_holder",
@@ -72,6 +75,17 @@ def imported_gate_buffer(
         return None
 
 
+def imported_class(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> Found | None:
+    """The class of another module of the project that ``receiver`` is certainly an instance
+    of; None when that is not known."""
+    if prov.project is None:
+        return None
+    try:
+        return _instance(prov, receiver, site, 0)
+    except MALFORMED:
+        return None
+
+
 def _methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
     """The methods the scope calls on the name ``receiver`` is (``model.setup_caches(...)``):
     the parts those methods install are held by the instance when it is cast."""
@@ -90,21 +104,36 @@ def _methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
 
 
 # ------------------------------------------------------------------ what the receiver is
-def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> Found | None:
+def _instance(
+    prov: Provenance,
+    expr: cst.BaseExpression,
+    site: Site,
+    depth: int,
+    position: int | None = None,
+) -> Found | None:
+    """The project class ``expr`` is an instance of (with ``position``: the class of that element
+    of the tuple ``expr`` is, as in ``model, meta = load_model(path)``)."""
     if depth > _MAX_DEPTH:
         return None
+    if position is not None and isinstance(expr, (cst.Tuple, cst.List)):
+        element = _plain_element(expr, position)
+        return None if element is None else _instance(prov, element, site, depth + 1)
     if isinstance(expr, cst.Call):
         func = expr.func
-        if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
-            return _instance(prov, func.value, site, depth + 1)
-        if isinstance(func, cst.Attribute):
-            owner = _class(prov, func.value, site)
-            if owner is not None and _constructs(owner, func.attr.value):
-                return owner  # `Transformer.from_name(name)`
-        made = _class(prov, func, site)
-        if made is not None:
-            return made
-        return _returned_class(prov, func, site)
+        if position is None:
+            if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
+                return _instance(prov, func.value, site, depth + 1)
+            if isinstance(func, cst.Attribute):
+                owner = _class(prov, func.value, site)
+                if owner is not None and _constructs(owner, func.attr.value):
+                    return owner  # `Transformer.from_name(name)`
+            made = _class(prov, func, site)
+            if made is not None:
+                return made
+        local = called_function(prov.index, prov, expr, site)
+        if local is not None:
+            return _returned_here(prov, local, depth, position)
+        return _returned_class(prov, func, site, position)
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site)
         if not found:
@@ -112,8 +141,17 @@ def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
         classes: list[Found | None] = []
         for binding, binding_site in found:
             if binding.kind == "assign" and binding.value is not None:
-                classes.append(_instance(prov, binding.value, binding_site, depth + 1))
-            elif binding.kind == "param" and isinstance(binding.node, cst.Param):
+                classes.append(_instance(prov, binding.value, binding_site, depth + 1, position))
+            elif (
+                position is None
+                and binding.kind == "assign"
+                and (unpacked := unpacked_from(binding))
+            ):
+                value, at = unpacked
+                classes.append(_instance(prov, value, binding_site, depth + 1, at))
+            elif (
+                position is None and binding.kind == "param" and isinstance(binding.node, cst.Param)
+            ):
                 annotation = binding.node.annotation
                 classes.append(
                     None if annotation is None else _annotated(prov, annotation, binding_site)
@@ -123,6 +161,31 @@ def _instance(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
         if classes and all(c is not None for c in classes):
             return classes[0]
     return None
+
+
+def _returned_here(
+    prov: Provenance, called: CalledFunction, depth: int, position: int | None
+) -> Found | None:
+    """The class every ``return`` of a function of this module gives an instance of."""
+    function, scopes, _ = called
+    classes: list[Found | None] = []
+    for returned, statement in prov.index.scope(function).returns:
+        if returned.value is None:
+            return None
+        classes.append(
+            _instance(prov, returned.value, Site(scopes, statement), depth + 1, position)
+        )
+    if classes and all(c is not None for c in classes):
+        return classes[0]
+    return None
+
+
+def _plain_element(sequence: cst.Tuple | cst.List, position: int) -> cst.BaseExpression | None:
+    if position >= len(sequence.elements):
+        return None
+    if any(isinstance(e, cst.StarredElement) for e in sequence.elements):
+        return None
+    return sequence.elements[position].value
 
 
 def _class(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Found | None:
@@ -143,8 +206,11 @@ def _constructs(cls: Found, method: str) -> bool:
     return method in INHERITED_CONSTRUCTORS or (isinstance(made, list) and method in made)
 
 
-def _returned_class(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:
-    """The class a project function returns an instance of: ``return KimiModel(config)``."""
+def _returned_class(
+    prov: Provenance, func: cst.BaseExpression, site: Site, position: int | None = None
+) -> Found | None:
+    """The class a project function returns an instance of: ``return KimiModel(config)`` (with
+    ``position``: ``return KimiModel(config), meta``)."""
     value = as_value(prov, func, site, NO_ENV)
     if value is None or value[0] != "ref" or prov.project is None:
         return None
@@ -152,6 +218,9 @@ def _returned_class(prov: Provenance, func: cst.BaseExpression, site: Site) -> F
     if not isinstance(target, Found) or target.definition[0] != "function":
         return None
     result: Value = target.definition[3]
+    if position is not None:
+        elements = result[1] if result[0] == "tuple" else []
+        result = elements[position] if position < len(elements) else ["unknown"]
     if result[0] != "call":
         return None
     callee: Value = result[1]

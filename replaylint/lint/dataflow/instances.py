@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow import records
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.syntax.nodes import decorated, dotted_name, literal_string, positional_args
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -311,6 +312,9 @@ class _Resolver:
             for binding, binding_site in found:
                 if binding.kind == "assign" and binding.value is not None:
                     bound.append(self.instances(binding.value, binding_site, deeper, cls_name))
+                elif binding.kind == "assign" and (unpacked := records.unpacked(binding)):
+                    value, position = unpacked  # `model, meta = load_model(...)`
+                    bound.append(self._element(value, position, binding_site, deeper, cls_name))
                 elif binding.kind == "param" and isinstance(binding.node, cst.Param):
                     annotation = binding.node.annotation
                     bound.append(None if annotation is None else self._annotated(annotation))
@@ -318,6 +322,26 @@ class _Resolver:
                     bound.append(None)
             return _all_known(bound)
         return None
+
+    def _element(
+        self, value: cst.BaseExpression, position: int, site: Site, depth: int, cls_name: str | None
+    ) -> Names | None:
+        """The instances at ``position`` of what a factory call returns as a tuple."""
+        if not isinstance(value, cst.Call):
+            return None
+
+        def element(
+            returned: cst.BaseExpression, at: Site, depth: int, cls_name: str | None
+        ) -> Names | None:
+            if not isinstance(returned, (cst.Tuple, cst.List)) or position >= len(
+                returned.elements
+            ):
+                return None
+            if any(isinstance(e, cst.StarredElement) for e in returned.elements):
+                return None
+            return self.instances(returned.elements[position].value, at, depth, cls_name)
+
+        return _all_known(self._returned(value, site, depth, cls_name, element))
 
     # ---------------------------------------------------------------- shared by both questions
     def _constructed(

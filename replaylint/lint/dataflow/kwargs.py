@@ -154,6 +154,12 @@ def _dict_call(prov: Provenance, call: cst.Call, site: Site, env: Env, key: str)
     return state
 
 
+def entry_changed(scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str) -> bool:
+    """Whether ``scope`` writes the ``key`` entry of the mapping ``name`` after binding it, or
+    changes the mapping in a way not followed (passed on, ``pop``, ``del``)."""
+    return next(_mutations(scope, name, binding_target, key), None) is not None
+
+
 Mutation = tuple[cst.BaseExpression | None, cst.CSTNode | None]
 """A ``dtype`` written into a mapping (None: a change not followed) and the statement doing it."""
 

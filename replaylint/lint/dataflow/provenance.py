@@ -255,6 +255,9 @@ class Provenance:
             element = containers.sequence_entry(self, expr, site, env)
             if element is not None:
                 return self.dtype_facts(element[0], element[1], env)
+            entries = containers.returned_entries(self, expr, site, env)
+            if entries is not None:
+                return tuple(f for value, at in entries for f in self.dtype_facts(value, at))
         return (DtypeFact(None, expr),)
 
     def _unpacked_dtypes(

@@ -142,7 +142,7 @@ def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
     """Whether the module ``call`` casts is guarded as an instance: the cast is wrapped
     (``keep_fp32_gate_caches(model.to(dtype))``), or its scope calls the guard on the cast
     module or on the name the cast's result is bound to (``keep_fp32_gate_caches(model)``,
-    before or after the cast)."""
+    before or after the cast), or binds the cast module to the guard's result."""
     if not isinstance(call.func, cst.Attribute):
         return False
     module = prov.index.module
@@ -155,15 +155,21 @@ def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
             if isinstance(small, cst.Assign) and any(n is call for n in _walk(small.value)):
                 names.update(_code(module, target.target) for target in small.targets)
     for node in _walk(site.scope):
-        if (
-            isinstance(node, cst.Call)
-            and (dotted_name(node.func) or "").rpartition(".")[2] == GUARD
-            and node.args
-        ):
+        if _is_guard_call(node) and isinstance(node, cst.Call) and node.args:
             guarded = node.args[0].value
             if _code(module, guarded) in names or any(n is call for n in _walk(guarded)):
                 return True
+        if (  # `model = keep_fp32_gate_caches(KimiModel(config))`: the name holds a guarded one
+            isinstance(node, cst.Assign)
+            and _is_guard_call(node.value)
+            and any(_code(module, target.target) in names for target in node.targets)
+        ):
+            return True
     return False
+
+
+def _is_guard_call(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) and (dotted_name(node.func) or "").rpartition(".")[2] == GUARD
 
 
 def _walk(root: cst.CSTNode) -> Iterator[cst.CSTNode]:

@@ -10,7 +10,11 @@ receiver is such a module:
   ``Optional[nn.Module]``, ``"nn.Module"``), or the result of a chain of module methods on one
   (``model = model.eval()``);
 * ``self`` in a class that a gate-buffer class derives from (a mixin, a base class): its methods
-  run on instances of that class.
+  run on instances of that class;
+* a receiver named ``model`` or ``module`` (``self.module``, ``engine.model``) that nothing
+  else explains: a parameter without annotation, a loader's result, ``model_fn()``. What is
+  named a model in a project of gate-buffer models is one; a receiver of a known class, or with
+  an annotation, is decided by that instead.
 
 The rule asks this only when the module itself or another module of the project holds a gate
 buffer that a cast converts (classes that keep theirs float32 do not count).
@@ -22,7 +26,13 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.instances import MODULE_CHAIN, annotated_name
+from replaylint.lint.dataflow.imported_modules import imported_class
+from replaylint.lint.dataflow.instances import (
+    MODULE_CHAIN,
+    annotated_name,
+    instance_classes,
+    module_classes,
+)
 from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 
@@ -30,6 +40,8 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 _MODULE_TYPES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+# what a model is called where nothing else says what it is
+_MODEL_NAMES = frozenset({"model", "module", "net", "network"})
 _MAX_DEPTH = 4
 
 
@@ -38,7 +50,63 @@ def unknown_module(
 ) -> bool:
     """Whether ``receiver`` is an ``nn.Module`` of no known class, or ``self`` in one of the
     classes named ``bases`` (classes that gate-buffer classes derive from)."""
-    return _unknown(prov, receiver, site, bases, frozenset()) is True
+    if _unknown(prov, receiver, site, bases, frozenset()) is True:
+        return True
+    return _named_model(prov, receiver, site)
+
+
+def _named_model(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:
+    """``model.half()``, ``self.module.to(dtype)``: a receiver named ``model`` or ``module``
+    whose making the analysis cannot follow (a parameter without annotation, a loader's result,
+    ``model_fn()``) is the project's model; one that may be of a known class, or annotated, is
+    decided by that."""
+    receiver = _chain_root(receiver)
+    if isinstance(receiver, cst.Attribute):
+        name = receiver.attr.value
+    elif isinstance(receiver, cst.Name):
+        name = receiver.value
+    else:
+        return False
+    if name not in _MODEL_NAMES:
+        return False
+    return not _partly_known(prov, receiver, site, 0)
+
+
+def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``model.cuda().eval()`` -> ``model``."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in MODULE_CHAIN
+    ):
+        expr = expr.func.value
+    return expr
+
+
+def _partly_known(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> bool:
+    """Whether one of the ways ``expr`` may have been made says what it is: an annotated
+    parameter, or an instance of a class of this module or of another module of the project
+    (``model = Transformer.from_name(name)`` on one branch, ``model = quantize(model)`` on
+    another: the class decides)."""
+    expr = _chain_root(expr)
+    if depth > _MAX_DEPTH:
+        return True
+    if instance_classes(prov, module_classes(prov), expr, site) is not None:
+        return True
+    if imported_class(prov, expr, site) is not None:
+        return True
+    if not isinstance(expr, cst.Name):
+        return False
+    for binding, binding_site in prov.lookup(expr.value, site) or ():
+        if binding.kind == "param" and isinstance(binding.node, cst.Param):
+            known = binding.node.annotation is not None
+        elif binding.kind == "assign" and binding.value is not None:
+            known = _partly_known(prov, binding.value, binding_site, depth + 1)
+        else:
+            known = False
+        if known:
+            return True
+    return False
 
 
 def _unknown(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from replaylint.lint.gatecache.entry_points import EntryPoint
 
 __all__ = [
+    "LocalValues",
     "SpreadLengths",
     "argument_for",
     "dotted",
@@ -35,8 +36,7 @@ def entry_point_of(
 ) -> EntryPoint | None:
     if written is None:
         return None
-    head, _, rest = written.partition(".")
-    resolved = aliases.get(head, head) + (f".{rest}" if rest else "")
+    resolved = aliases.get(written) or _resolved(written, aliases)
     for entry_point in entry_points:
         if entry_point.matches(written) or entry_point.matches(resolved):
             return entry_point
@@ -161,7 +161,11 @@ def dotted(expr: ast.expr) -> str | None:
 
 
 def import_aliases(tree: ast.AST) -> dict[str, str]:
-    """``from ops import kda_replayssm_decode as decode`` -> {"decode": "ops.kda_replayssm_decode"}."""
+    """The names that rename a callable: ``from ops import kda_replayssm_decode as decode`` ->
+    {"decode": "ops.kda_replayssm_decode"}, and a name or attribute bound to a dotted name anywhere
+    in the module (``self.decode_op = kernels.kda_replayssm_decode``,
+    ``_decode = ops.kda_replayssm_decode``): the call ``self.decode_op(...)`` runs that function.
+    A target bound to two different names is no alias."""
     aliases: dict[str, str] = {}
     body = tree.body if isinstance(tree, ast.Module) else []
     for statement in body:
@@ -173,4 +177,63 @@ def import_aliases(tree: ast.AST) -> dict[str, str]:
             for alias in statement.names:
                 if alias.asname is not None:
                     aliases[alias.asname] = alias.name
+    assigned: dict[str, str | None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = dotted(node.targets[0]), dotted(node.value)
+            if target is not None and value is not None and target != value:
+                assigned[target] = value if assigned.get(target, value) == value else None
+    imported = dict(aliases)
+    for target, value in assigned.items():
+        if value is not None and target not in aliases:
+            aliases[target] = _resolved(value, imported)
     return aliases
+
+
+def _resolved(written: str, aliases: dict[str, str]) -> str:
+    """``written`` with an import alias at its head spelled out."""
+    head, _, rest = written.partition(".")
+    return aliases.get(head, head) + (f".{rest}" if rest else "")
+
+
+class LocalValues:
+    """What a local that a call passes was bound to in its function: ``d, k, g = self.d_buf,
+    self.k_buf, self.forget_cache`` then ``decode(..., g, ...)`` passes ``self.forget_cache``.
+    Built on the first question (a walk of the module's functions)."""
+
+    def __init__(self, tree: ast.AST) -> None:
+        self._tree = tree
+        self._owner: dict[int, ast.AST] | None = None
+
+    def values(self, call: ast.Call, name: str) -> list[ast.expr]:
+        """Every value ``name`` is bound to, by a plain or an unpacking assignment, in the
+        function around ``call`` (the innermost one)."""
+        if self._owner is None:
+            self._owner = {}
+            for function in ast.walk(self._tree):  # breadth first: inner functions come later
+                if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    for node in ast.walk(function):
+                        if isinstance(node, ast.Call):
+                            self._owner[id(node)] = function
+        owner = self._owner.get(id(call))
+        if owner is None:
+            return []
+        found: list[ast.expr] = []
+        for node in ast.walk(owner):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == name:
+                    found.append(node.value)
+                elif (
+                    isinstance(target, (ast.Tuple, ast.List))
+                    and isinstance(node.value, (ast.Tuple, ast.List))
+                    and len(target.elts) == len(node.value.elts)
+                    and not any(isinstance(e, ast.Starred) for e in node.value.elts)
+                ):
+                    found += [
+                        value
+                        for element, value in zip(target.elts, node.value.elts, strict=True)
+                        if isinstance(element, ast.Name) and element.id == name
+                    ]
+        return found

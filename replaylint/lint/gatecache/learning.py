@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from replaylint.lint.gatecache.calls import (
+    LocalValues,
     SpreadLengths,
     argument_for,
     dotted,
@@ -169,6 +170,7 @@ def _names_in(
 ) -> Iterator[tuple[str, LearnedFrom]]:
     aliases = import_aliases(tree)
     lengths: list[SpreadLengths] = []
+    locals_: list[LocalValues] = []
 
     def spread(expr: ast.expr) -> int | None:
         if not lengths:  # a walk of the module, only for a call that spreads a sequence
@@ -192,10 +194,47 @@ def _names_in(
         # a tensor the call also passes as another argument (one scratch ring for the d, k
         # and g rings) is no gate cache by name: a fix of it would change the others too
         others = [*node.args, *(keyword.value for keyword in node.keywords)]
-        if name is not None and not any(
+        if name is None or any(
             other is not argument and passed_name(other) == name for other in others
         ):
-            yield name, LearnedFrom(filename, node.lineno, written)
+            continue
+        origin = LearnedFrom(filename, node.lineno, written)
+        if not isinstance(argument, ast.Name):
+            yield name, origin
+            continue
+        # a local: also the attribute or key it was taken from, unless another argument was
+        # taken from the same one
+        if not locals_:
+            locals_.append(LocalValues(tree))
+        sources = _sources(locals_[0], node, argument)
+        passed = {passed_name(other) for other in others if other is not argument}
+        for other in others:
+            if other is not argument and isinstance(other, ast.Name):
+                passed |= _sources(locals_[0], node, other)
+        if sources & passed:
+            continue
+        yield name, origin
+        for source in sorted(sources - {name}):
+            yield source, origin
+
+
+def _sources(local_values: LocalValues, call: ast.Call, local: ast.Name) -> set[str]:
+    """The attributes and keys the local ``local`` that ``call`` passes was taken from."""
+    found = (_attribute_or_key(value) for value in local_values.values(call, local.id))
+    return {source for source in found if source is not None}
+
+
+def _attribute_or_key(value: ast.expr) -> str | None:
+    """``self.forget_cache`` / ``rings["la"]`` (``.contiguous()`` and the like allowed): the name
+    a local was taken by; not an element by position (``rings[2]`` names the whole list)."""
+    inner = value
+    while isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute):
+        inner = inner.func.value
+    if isinstance(inner, ast.Subscript) and not (
+        isinstance(inner.slice, ast.Constant) and isinstance(inner.slice.value, str)
+    ):
+        return None
+    return passed_name(value) if isinstance(inner, (ast.Attribute, ast.Subscript)) else None
 
 
 def _keyword_names(

@@ -27,10 +27,12 @@ _REGISTERED = re.compile(
 MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
 """Text that may be a module cast: a file without it casts no model."""
 GENERIC_MODULE = re.compile(
-    r":\s*['\"]?(?:torch\.)?(?:nn\.)?Module\b|\bself\.(?:half|bfloat16|to|type)\s*\("
+    r":\s*['\"]?(?:torch\.)?(?:nn\.)?Module\b"
+    r"|\b(?:self|model|module|net|network)\.(?:half|bfloat16|to|type)\s*\("
 )
 """Text that may name a module of no known class: an ``nn.Module`` annotation, or a cast of
-``self`` (a file that also has a :data:`MODULE_CAST_CALL` may cast one)."""
+``self`` or of a receiver named like a model (a file that also has a :data:`MODULE_CAST_CALL`
+may cast one)."""
 
 Matches = Callable[[str], bool]
 """Whether a name is a gate cache's."""

@@ -22,6 +22,7 @@ from replaylint.lint.rules.wording import (
     WHY,
     made_how,
     named_gate_cache,
+    per_name_treatment,
     quoted,
     shared_treatment,
 )
@@ -35,6 +36,7 @@ from replaylint.lint.syntax.nodes import (
     positional_args,
 )
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, Kind.LOADED})
 
@@ -460,11 +462,12 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             if len(values) == 1
             else f"{variable} in ({', '.join(quoted(v) for v in values)})"
         )
-        treatment = (
-            f"that keeps it in the dtype it was saved with ({fact.detail})"
-            if fact.kind is Kind.LOADED
-            else f"that gives every cache {shared_treatment(self.context.module, fact)}"
-        )
+        if fact.kind is Kind.LOADED:
+            treatment = f"that keeps it in the dtype it was saved with ({fact.detail})"
+        elif variable is not None and _picked_by(fact, variable):
+            treatment = f"that gives it {per_name_treatment(self.context.module, fact)}"
+        else:
+            treatment = f"that gives every cache {shared_treatment(self.context.module, fact)}"
         self.report(
             at or fact.node,
             f"{subject} is {made_how(fact)} by a {loop.word} over `{iterable}` {treatment}; {WHY}",
@@ -553,3 +556,11 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         found = self._helpers.finding(call, subject, site, position)
         if found is not None:
             self.report(found.node, found.message, fix=found.fix)
+
+
+def _picked_by(fact: TensorFact, variable: str) -> bool:
+    """Whether the dtype of an allocation in the loop reads the loop's variable
+    (``dtype=dtypes[name]``): each cache gets its own, the gate cache a non-float32 one."""
+    return fact.kind in {Kind.EXPLICIT, Kind.VARIABLE} and any(
+        isinstance(node, cst.Name) and node.value == variable for node in descendants(fact.node)
+    )

@@ -268,3 +268,13 @@ def shared_treatment(module: cst.Module, fact: TensorFact) -> str:
     if literals:
         return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
     return f"the same dtype `{one_line(module, fact.node)}`, which is not provably float32"
+
+
+def per_name_treatment(module: cst.Module, fact: TensorFact) -> str:
+    """What a loop over cache names that picks each cache's dtype by its name (``dtypes[name]``)
+    gives the gate cache."""
+    picked = one_line(module, fact.node)
+    literals = fact.non_float32_literals
+    if literals:
+        return f"{' or '.join(f'torch.{d}' for d in literals)} (`{picked}`)"
+    return f"`{picked}`, which is not provably float32"

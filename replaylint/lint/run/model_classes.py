@@ -51,7 +51,7 @@ def model_casting_files(
     """The files that may cast a module holding a gate buffer: those that contain a module cast
     call and mention a project class holding one (or a class such a class derives from), or,
     in a project with such classes, a module of no known class (``model: nn.Module``, a cast of
-    ``self``). ``naming_gate_caches`` are the files that name a gate cache, ``others`` the rest
+    ``self`` or of a receiver named like a model). ``naming_gate_caches`` are the files that name a gate cache, ``others`` the rest
     (ruled out so far); ``read`` returns a file's bytes (None when it cannot be read)."""
     examined: set[str] = set()
     holders: set[str] = set()
@@ -100,7 +100,9 @@ def model_casting_files(
             casting.add(path)  # an unreadable file goes to the analysis, which reports it
     if holders:  # a cast of `model: nn.Module` may convert a holder's gate buffer too
         unmentioned = [*rest, *naming]
-        generic = files_containing([str(path) for path in unmentioned], [b"module"], jobs)
+        generic = files_containing(
+            [str(path) for path in unmentioned], [b"module", b"model", b"net"], jobs
+        )
         for path in unmentioned:
             raw = read(path) if str(path) in generic else b""
             text = raw.decode("utf-8", "replace") if raw is not None else ""
