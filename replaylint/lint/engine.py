@@ -92,6 +92,7 @@ class Linter:
             self.prefilter
             and not self.relevance.may_hold_finding(source)
             and not self._may_cast_an_imported_model(source, filename)
+            and not self._mentions_a_name_table(source)
         ):
             return []
         module = parse(source)
@@ -143,6 +144,12 @@ class Linter:
         if self.project.holder_names and GENERIC_MODULE.search(source) is not None:
             return True  # `model: nn.Module` or `self` in a mixin: may be a gate-buffer class
         return imports_gate_buffer_class(self.project, self.gate_caches.matches, module)
+
+    def _mentions_a_name_table(self, source: str) -> bool:
+        """A file that mentions a project constant listing a gate cache's name
+        (``for field in TENSOR_FIELDS``) may make the gate cache without naming it."""
+        tables = self.project.name_tables if self.project is not None else frozenset()
+        return any(name in source for name in tables)
 
     def noqa_notes(self, source: str, filename: str = "<stdin>") -> list[str]:
         """Warnings about ``# noqa`` comments that misfire: a blanket ``# noqa RL001`` (no

@@ -22,6 +22,7 @@ from replaylint.lint.fixes.drafts import EditDraft, FixDraft, InsertAfter, Repla
 from replaylint.lint.fixes.float32 import TorchSpelling
 from replaylint.lint.model import Applicability
 from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.traversal import descendants, syntax_children
 
 
 def conditional_fix(
@@ -45,7 +46,10 @@ def conditional_fix(
         original = one_line(module, target.node, 10_000)
         if not isinstance(target.node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
             original = f"({original})"
-        edit = Replace(target.node, f"{original}.to({spelling}) if {condition} else {original}")
+        choice = f"{original}.to({spelling}) if {condition} else {original}"
+        if _inside_an_expression(module, target.node):  # `torch.from_file(...).view(shape)`
+            choice = f"({choice})"
+        edit = Replace(target.node, choice)
     elif isinstance(target, CastMethodToFloat):  # `t.half()`: `t.float()` for the gate only
         call = fact.call
         if not (
@@ -65,3 +69,16 @@ def conditional_fix(
     return FixDraft(
         f"Use {spelling} for the gate cache only", (edit, *torch.imports), applicability
     )
+
+
+def _inside_an_expression(module: cst.Module, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is an operand, a receiver or an element of a larger expression, where a
+    conditional expression in its place needs parentheses (an argument or an assigned value
+    does not)."""
+    for parent in descendants(module):
+        children = syntax_children(parent)
+        if any(child is node for child in children):
+            return not isinstance(
+                parent, (cst.Arg, cst.Assign, cst.AnnAssign, cst.Return, cst.Expr, cst.AssignTarget)
+            )
+    return True

@@ -130,6 +130,10 @@ class ProjectIndex:
     ``self`` casts a holder), found with ``holder_names``."""
     holder_buffers: frozenset[str] = frozenset()
     """The names of the gate buffers those classes hold, as registered."""
+    name_tables: frozenset[str] = frozenset()
+    """Module constants of the project that list a gate cache's name
+    (:mod:`replaylint.lint.run.name_tables`): a file mentioning one may make the gate cache in a
+    loop over it."""
     holder_example: ImportedGateBuffer | None = None
     """One gate buffer such a class holds: what a cast of a module of unknown class is
     reported against."""

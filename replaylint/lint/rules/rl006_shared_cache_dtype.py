@@ -17,14 +17,13 @@ from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.loop_treatment import loop_treatment, shared_treatment
 from replaylint.lint.rules.shared_helpers import SharedHelpers
 from replaylint.lint.rules.wording import (
     WHY,
     made_how,
     named_gate_cache,
-    per_name_treatment,
     quoted,
-    shared_treatment,
 )
 from replaylint.lint.syntax.nodes import (
     binding_name,
@@ -36,7 +35,6 @@ from replaylint.lint.syntax.nodes import (
     positional_args,
 )
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import descendants
 
 _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, Kind.LOADED})
 
@@ -173,6 +171,47 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     setattr(cache, name, ring)
             """,
             message_contains="keeps it in the dtype it was saved with",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def new_rings(shapes, dtype):
+                rings = {}
+                for name in ("state", "d_cache", "k_cache", "g_cache"):
+                    ring_dtype = torch.float32 if name == "state" else dtype
+                    rings[name] = torch.zeros(shapes[name], dtype=ring_dtype)
+                return rings
+            """,
+            expected_fix="""
+            import torch
+
+            def new_rings(shapes, dtype):
+                rings = {}
+                for name in ("state", "d_cache", "k_cache", "g_cache"):
+                    ring_dtype = torch.float32 if name == "state" else dtype
+                    rings[name] = torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else ring_dtype)
+                return rings
+            """,
+            message_contains='whose dtype `torch.float32 if name == "state" else dtype` keeps',
+        ),
+        Invalid(
+            """
+            import torch
+
+            def swap_in(cache, path, shapes):
+                snapshot = torch.load(path)
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    setattr(cache, name, snapshot[name].view(shapes[name]))
+            """,
+            expected_fix="""
+            import torch
+
+            def swap_in(cache, path, shapes):
+                snapshot = torch.load(path)
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    setattr(cache, name, (snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]).view(shapes[name]))
+            """,
         ),
         Invalid(
             """
@@ -462,15 +501,13 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             if len(values) == 1
             else f"{variable} in ({', '.join(quoted(v) for v in values)})"
         )
-        if fact.kind is Kind.LOADED:
-            treatment = f"that keeps it in the dtype it was saved with ({fact.detail})"
-        elif variable is not None and _picked_by(fact, variable):
-            treatment = f"that gives it {per_name_treatment(self.context.module, fact)}"
-        else:
-            treatment = f"that gives every cache {shared_treatment(self.context.module, fact)}"
+        treatment = loop_treatment(
+            self.provenance, self.context.module, fact, variable, loop.node, self.site()
+        )
         self.report(
-            at or fact.node,
-            f"{subject} is {made_how(fact)} by a {loop.word} over `{iterable}` {treatment}; {WHY}",
+            at or treatment.where or fact.node,
+            f"{subject} is {made_how(fact)} by a {loop.word} over `{iterable}` "
+            f"{treatment.words}; {WHY}",
             fix=unconditional
             if condition is None
             else conditional_fix(
@@ -556,11 +593,3 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         found = self._helpers.finding(call, subject, site, position)
         if found is not None:
             self.report(found.node, found.message, fix=found.fix)
-
-
-def _picked_by(fact: TensorFact, variable: str) -> bool:
-    """Whether the dtype of an allocation in the loop reads the loop's variable
-    (``dtype=dtypes[name]``): each cache gets its own, the gate cache a non-float32 one."""
-    return fact.kind in {Kind.EXPLICIT, Kind.VARIABLE} and any(
-        isinstance(node, cst.Name) and node.value == variable for node in descendants(fact.node)
-    )

@@ -254,27 +254,3 @@ def quoted(value: str) -> str:
 def made_how(fact: TensorFact) -> str:
     """How a loop made a cache: cast, loaded or allocated."""
     return {Kind.CAST: "cast", Kind.LOADED: "loaded"}.get(fact.kind, "allocated")
-
-
-def shared_treatment(module: cst.Module, fact: TensorFact) -> str:
-    """What a loop over cache names gives every cache, the gate cache included."""
-    if fact.kind is Kind.INHERITED:
-        return f"the same inherited dtype ({fact.detail})"
-    if fact.kind is Kind.CAST:
-        return f"the same cast ({fact.detail})"
-    if fact.kind is Kind.LOADED:
-        return f"the dtype it was saved with, uncast ({fact.detail})"
-    literals = fact.non_float32_literals
-    if literals:
-        return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
-    return f"the same dtype `{one_line(module, fact.node)}`, which is not provably float32"
-
-
-def per_name_treatment(module: cst.Module, fact: TensorFact) -> str:
-    """What a loop over cache names that picks each cache's dtype by its name (``dtypes[name]``)
-    gives the gate cache."""
-    picked = one_line(module, fact.node)
-    literals = fact.non_float32_literals
-    if literals:
-        return f"{' or '.join(f'torch.{d}' for d in literals)} (`{picked}`)"
-    return f"`{picked}`, which is not provably float32"

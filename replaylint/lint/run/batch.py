@@ -39,6 +39,7 @@ from replaylint.lint.run.discovery import Discovered
 from replaylint.lint.run.files import FileProblem, decode_source
 from replaylint.lint.run.getters import learned_from_getters
 from replaylint.lint.run.modules import RunModules
+from replaylint.lint.run.name_tables import files_reading, name_table_constants
 from replaylint.lint.run.one_file import lint_file
 from replaylint.lint.run.taught import learned_from, taught_by, wrapper_rings
 from replaylint.lint.run.workers import can_fork, in_workers, worker_state
@@ -193,12 +194,12 @@ def _apply(info: _File, scanned: _Scanned | None) -> bool:
     return True
 
 
-def _learned_key(names: GateCacheNames) -> str:
+def _learned_key(names: GateCacheNames, tables: frozenset[str]) -> str:
     learned = sorted(
         (name, origin.filename, origin.row, taught_by(origin))
         for name, origin in names.learned.items()
     )
-    return hashlib.blake2b(repr(learned).encode(), digest_size=12).hexdigest()
+    return hashlib.blake2b(repr((learned, sorted(tables))).encode(), digest_size=12).hexdigest()
 
 
 def _cached_report(
@@ -453,14 +454,16 @@ def lint_many(
         scanner.relevance = Relevance(names, settings.entry_points)
         rescan = [f for f in known.values() if f.scanned and f.item.path in linted]
         _rescan_for_learned_names(scanner, rescan, names, jobs)
-    learned_key = _learned_key(names)
 
     def digests() -> dict[str, str]:
         return {os.path.abspath(i.key): i.digest for i in known.values() if i.digest}
 
     modules = RunModules([item.path for item in teachers], digests, cache)
-    if prefilter:
-        _rescan_for_model_casts(known, linted, modules, names, jobs)
+    if prefilter:  # a file that loops over one of these names no gate cache
+        needles = scanner.relevance.byte_needles
+        tables = name_table_constants(readable, needles, stamps, names, cache, jobs)
+        modules.index.name_tables = tables
+    learned_key = _learned_key(names, modules.index.name_tables)
 
     reports: dict[Path, FileReport] = {}
     to_lint: list[_LintJob] = []
@@ -485,6 +488,11 @@ def lint_many(
     for info in stale:  # read them now, with this run's names
         if not scanner.scan(info):
             del known[info.item.path]
+    if prefilter:
+        _rescan_for_model_casts(known, linted, modules, names, jobs)
+        waiting = [str(p) for p, info in known.items() if p in linted and not info.candidate]
+        for path in files_reading(waiting, modules.index.name_tables, jobs):
+            known[Path(path)].candidate = True
 
     for item in items:
         if item.path in reports:

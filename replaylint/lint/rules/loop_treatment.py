@@ -1,0 +1,102 @@
+"""What a loop over cache names gives the gate cache, in words, and where that is written: one
+dtype, cast or load shared by every cache; a dtype picked by the cache's name (``dtypes[name]``);
+or a choice that keeps other caches float32 and leaves the gate cache out
+(``ring_dtype = torch.float32 if name == "state" else dtype``), reported where it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
+
+__all__ = ["LoopTreatment", "loop_treatment", "shared_treatment"]
+
+
+@dataclass(frozen=True)
+class LoopTreatment:
+    words: str
+    """``that gives every cache the same dtype, torch.bfloat16`` and the like."""
+    where: cst.CSTNode | None
+    """Where the choice that leaves the gate cache out is written; None: at the tensor."""
+
+
+def loop_treatment(
+    prov: Provenance,
+    module: cst.Module,
+    fact: TensorFact,
+    variable: str | None,
+    loop: cst.CSTNode,
+    site: Site,
+) -> LoopTreatment:
+    """What the loop ``loop`` over cache names (its variable ``variable``, None when it has no
+    one name) gives the gate cache ``fact`` describes, at ``site``."""
+    exemption = _exemption(prov, fact, variable, loop, site)
+    if exemption is not None:
+        picked = one_line(module, exemption)
+        return LoopTreatment(
+            f"whose dtype `{picked}` keeps other caches float32, not this one", exemption
+        )
+    if fact.kind is Kind.LOADED:
+        return LoopTreatment(f"that keeps it in the dtype it was saved with ({fact.detail})", None)
+    if (
+        variable is not None
+        and fact.kind in {Kind.EXPLICIT, Kind.VARIABLE}
+        and _reads(fact.node, variable)
+    ):
+        # `dtype=dtypes[name]`: each cache its own dtype, the gate cache a non-float32 one
+        return LoopTreatment(f"that gives it {_dtype(module, fact)}", None)
+    return LoopTreatment(f"that gives every cache {shared_treatment(module, fact)}", None)
+
+
+def shared_treatment(module: cst.Module, fact: TensorFact) -> str:
+    """What a loop over cache names gives every cache, the gate cache included."""
+    if fact.kind is Kind.INHERITED:
+        return f"the same inherited dtype ({fact.detail})"
+    if fact.kind is Kind.CAST:
+        return f"the same cast ({fact.detail})"
+    if fact.kind is Kind.LOADED:
+        return f"the dtype it was saved with, uncast ({fact.detail})"
+    literals = fact.non_float32_literals
+    if literals:
+        return f"the same dtype, {' or '.join(f'torch.{d}' for d in literals)}"
+    return f"the same dtype `{one_line(module, fact.node)}`, which is not provably float32"
+
+
+def _dtype(module: cst.Module, fact: TensorFact) -> str:
+    picked = one_line(module, fact.node)
+    literals = fact.non_float32_literals
+    if literals:
+        return f"{' or '.join(f'torch.{d}' for d in literals)} (`{picked}`)"
+    return f"`{picked}`, which is not provably float32"
+
+
+def _exemption(
+    prov: Provenance, fact: TensorFact, variable: str | None, loop: cst.CSTNode, site: Site
+) -> cst.IfExp | None:
+    """``ring_dtype = torch.float32 if name in self.fp32_rings else dtype`` in the loop: the
+    choice by the loop's variable that leaves the gate cache out."""
+    if variable is None or not isinstance(fact.node, cst.Name):
+        return None
+    found = prov.lookup(fact.node.value, site)
+    if not found or len(found) != 1:
+        return None
+    binding = found[0][0]
+    value = binding.value
+    if not (
+        binding.kind == "assign"
+        and isinstance(value, cst.IfExp)
+        and prov.within(binding.node, loop)
+        and _reads(value.test, variable)
+    ):
+        return None
+    return value
+
+
+def _reads(node: cst.CSTNode, variable: str) -> bool:
+    return any(isinstance(n, cst.Name) and n.value == variable for n in descendants(node))

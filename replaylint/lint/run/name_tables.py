@@ -1,0 +1,95 @@
+"""Module constants that list cache names, a gate cache's among them
+(``TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "log_gate_ring")``): a file that imports one
+and loops over it makes or loads the gate cache without naming it, so the pre-filter, which looks
+for gate-cache names, must let it through. Found in the files that name a gate cache, and
+remembered in the result cache under their sizes and times and the names learned so far."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from replaylint.lint.gatecache.grep import files_containing
+from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.run.cache import ResultCache
+
+__all__ = ["files_reading", "name_table_constants"]
+
+# a module-level constant bound to a bracketed literal: the cheap test before a parse
+_CONSTANT_TABLE = re.compile(rb"^_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{]", re.MULTILINE)
+
+
+def name_table_constants(
+    paths: Sequence[str],
+    needles: Sequence[bytes] | None,
+    stamps: Sequence[tuple[str, int, int, int]],
+    names: GateCacheNames,
+    cache: ResultCache | None,
+    jobs: int,
+) -> frozenset[str]:
+    """The names of the module constants of ``paths`` that list a gate cache's name; only the
+    files holding one of ``needles`` (the pre-filter's, None: every file) are parsed.
+    ``stamps``: (path, size, mtime, ctime) of every file of the run, what a stored answer is
+    keyed on."""
+    key = None
+    if cache is not None:
+        learned = sorted(names.learned)
+        digest = hashlib.blake2b(repr(("tables", sorted(stamps), learned)).encode(), digest_size=12)
+        key = digest.hexdigest()
+        found, stored = cache.stage(key)
+        if found and isinstance(stored, list) and all(isinstance(s, str) for s in stored):
+            return frozenset(stored)
+    naming = set(paths) if needles is None else files_containing(paths, needles, jobs)
+    tables: set[str] = set()
+    for path in sorted(naming):
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            continue  # the analysis reports it
+        if _CONSTANT_TABLE.search(raw):
+            tables |= _tables_in(raw, names)
+    if cache is not None and key is not None:
+        cache.put_stage(key, sorted(tables))
+    return frozenset(tables)
+
+
+def files_reading(paths: Sequence[str], tables: frozenset[str], jobs: int) -> set[str]:
+    """The files of ``paths`` that mention one of the constants ``tables``."""
+    needles = sorted(name.lower().encode() for name in tables)
+    if not needles or not all(needle.isascii() for needle in needles):
+        return set(paths) if needles else set()
+    return files_containing(paths, needles, jobs)
+
+
+def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
+    try:
+        tree = ast.parse(raw)
+    except (SyntaxError, ValueError):
+        return set()  # the analysis reports it
+    found: set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        else:
+            continue
+        constant = isinstance(target, ast.Name) and target.id.lstrip("_")[:1].isupper()
+        if constant and any(names.matches(entry) for entry in _listed(value)):
+            assert isinstance(target, ast.Name)
+            found.add(target.id)
+    return found
+
+
+def _listed(value: ast.expr) -> list[str]:
+    """The strings a tuple, list or set literal lists, or the keys of a dict literal."""
+    if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+        elements: list[ast.expr | None] = list(value.elts)
+    elif isinstance(value, ast.Dict):
+        elements = list(value.keys)
+    else:
+        return []
+    return [e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)]

@@ -1,0 +1,109 @@
+"""A module constant that lists cache names, a gate cache's among them, imported by a file that
+loops over it: that file makes the gate cache without naming it, and every kind of run lints it
+(a full run, a cached run, a run over that file alone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_FIELDS = """
+import torch
+
+TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "g_cache")
+"""
+
+_BACKEND = """
+import math
+
+import torch
+
+from .fields import TENSOR_FIELDS
+
+
+def read(path, shapes, dtype):
+    tensors = {}
+    for field in TENSOR_FIELDS:
+        shape = shapes[field]
+        field_dtype = torch.float32 if field == "ssm_state" else dtype
+        tensors[field] = torch.from_file(f"{path}.{field}", size=math.prod(shape), dtype=field_dtype)
+    return tensors
+"""
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+
+
+def _rows(root: Path, *args: str) -> list[tuple[str, int, str]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "replaylint", "check", "--output-format", "json", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in {0, 1}, done.stderr
+    return sorted(
+        (
+            Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(),
+            f["location"]["row"],
+            f["code"],
+        )
+        for f in json.loads(done.stdout)
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    _write(
+        tmp_path,
+        {
+            "pyproject.toml": "[tool.replaylint]\n",
+            "pkg/__init__.py": "",
+            "pkg/fields.py": _FIELDS,
+            "pkg/backend.py": _BACKEND,
+        },
+    )
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [("--no-cache",), ("--no-cache", "pkg/backend.py")])
+def test_a_loop_over_an_imported_name_table_is_linted(project: Path, args: tuple[str, ...]) -> None:
+    assert _rows(project, *args) == [("pkg/backend.py", 13, "RL006")]
+
+
+def test_a_cached_run_sees_the_table_change(project: Path) -> None:
+    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]
+    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]  # answered from the cache
+    fields = project / "pkg" / "fields.py"
+    fields.write_text(fields.read_text("utf-8").replace('"g_cache"', '"scratch"'), "utf-8")
+    assert _rows(project) == []
+    fields.write_text(_FIELDS.lstrip("\n"), "utf-8")
+    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]
+
+
+def test_a_table_without_a_gate_cache_name_lets_nothing_through(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pyproject.toml": "[tool.replaylint]\n",
+            "pkg/__init__.py": "",
+            "pkg/fields.py": _FIELDS.replace('"g_cache"', '"scratch"') + "g_cache = None\n",
+            "pkg/backend.py": _BACKEND,
+        },
+    )
+    assert _rows(tmp_path, "--no-cache") == []
