@@ -573,6 +573,24 @@ def test_attribute_assignments_read_from_the_text_agree_with_the_walk(
 
 
 @pytest.mark.parametrize(
+    ("source", "assigned"),
+    [
+        ("policy.RINGS = names\n", True),
+        ("import policy\nsetattr(policy, key, value)\n", True),
+        ("from pkg import policy\nsetattr(policy.sub, key, value)\n", True),
+        ("setattr(make(), key, value)\n", True),  # an object of unknown origin
+        ("import policy\nsetattr(cache, key, value)\n", False),  # a local object's attribute
+        ("setattr(self.cache, key, value)\n", False),
+    ],
+)
+def test_a_module_attribute_is_rebound_only_through_a_module(source: str, assigned: bool) -> None:
+    index = ModuleIndex(cst.parse_module(source), GateCacheNames(), source)
+    assert index.assigns_module_attribute("RINGS") is assigned
+    # an instance's attribute may be set by any setattr that is not on self
+    assert index.assigns_attribute("RINGS") is (assigned or "cache" in source)
+
+
+@pytest.mark.parametrize(
     ("cast", "expected"),
     [
         ("TORCH_DTYPE_MAP[cfg.dtype]", [(10, "RL004"), (14, "RL004")]),
@@ -686,3 +704,62 @@ def test_a_loop_that_loads_each_ring_through_a_helper_is_reported_at_its_call() 
     # a cast for the gate ring only cannot be spelled inside the helper, so there is no fix
     assert [(f.location.row, f.fix) for f in findings] == [(9, None)]
     assert "keeps it in the dtype it was saved with" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("body", "reported"),
+    [
+        (
+            "rings = {n: getattr(cache, n).to(dtype) for n in RINGS}\n    torch.save(rings, path)",
+            False,
+        ),
+        (
+            "rings = {n: getattr(cache, n).cpu() for n in RINGS}\n"
+            "    rings.update({n: rings[n].half() for n in RINGS})\n"
+            '    torch.save({"rings": rings, "pos": cache.pos}, path)',
+            False,
+        ),
+        (
+            "rings = {}\n    for n in RINGS:\n        rings[n] = getattr(cache, n).half()\n"
+            "    np.savez(path, **rings)",
+            False,
+        ),
+        # the mapping is used after the save: it may be a live cache
+        (
+            "rings = {n: getattr(cache, n).to(dtype) for n in RINGS}\n    torch.save(rings, path)\n"
+            "    return rings",
+            True,
+        ),
+        ("rings = {n: getattr(cache, n).to(dtype) for n in RINGS}\n    cache.rings = rings", True),
+        # the mapping names the file, it is not what is saved
+        (
+            "rings = {n: getattr(cache, n).to(dtype) for n in RINGS}\n    torch.save(cache, rings)",
+            True,
+        ),
+    ],
+)
+def test_a_mapping_only_written_to_a_file_is_a_snapshot_format(body: str, reported: bool) -> None:
+    source = (
+        'import numpy as np\nimport torch\n\nRINGS = ("d_cache", "g_cache")\n\n\n'
+        f"def save(cache, path, dtype):\n    {body}\n"
+    )
+    assert bool(_check(source, "RL006")) is reported
+
+
+@pytest.mark.parametrize(("base", "reported"), [("Manager", True), ("object", False)])
+def test_a_method_self_calls_may_be_inherited_from_a_class_of_the_module(
+    base: str, reported: bool
+) -> None:
+    source = f"""
+        import torch
+
+        class Manager:
+            def _buffer_shapes(self, slots):
+                return {{"state_buffer": (slots, 4), "delta_buffer": (slots, 4), "g_cache": (slots, 4)}}
+
+        class Layerwise({base}):
+            def _init_buffers(self, slots, dtype, layers):
+                for name, shape in self._buffer_shapes(slots).items():
+                    setattr(self, name, [torch.zeros(shape, dtype=dtype) for _ in range(layers)])
+        """
+    assert bool(_check(source, "RL006")) is reported

@@ -150,6 +150,26 @@ def test_a_function_called_under_a_setting_or_by_a_class_inherits_it() -> None:
     assert [(row, code) for row, code, _ in found] == [(5, "RL003"), (8, "RL003")]
 
 
+@pytest.mark.parametrize(
+    ("reset", "reported"),
+    [("", True), ("    torch.set_default_dtype(torch.float32)\n", False)],
+    ids=["after-the-setting", "after-a-float32-reset"],
+)
+def test_a_function_called_after_a_setting_in_its_caller_inherits_it(
+    reset: str, reported: bool
+) -> None:
+    source = (
+        "import torch\n\n\ndef rollback_rings(shape):\n"
+        '    return {"delta": torch.zeros(shape), "g_cache": torch.zeros(shape)}\n\n\n'
+        "def prepare(dtype, shape):\n    torch.set_default_dtype(dtype)\n"
+        f"{reset}    return rollback_rings(shape)\n"
+    )
+    found = _findings(source)
+    assert [(row, code) for row, code, _ in found] == ([(5, "RL003")] if reported else [])
+    if reported:
+        assert "before it calls `rollback_rings(shape)`" in found[0][2]
+
+
 def test_get_default_and_autocast_dtypes() -> None:
     assert [
         c

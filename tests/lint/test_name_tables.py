@@ -1,6 +1,7 @@
 """A module constant that lists cache names, a gate cache's among them, imported by a file that
 loops over it: that file makes the gate cache without naming it, and every kind of run lints it
-(a full run, a cached run, a run over that file alone)."""
+(a full run, a cached run, a run over that file alone). A ``setattr`` in that file hides the
+constant only when the object it sets may be the constant's module."""
 
 from __future__ import annotations
 
@@ -107,3 +108,29 @@ def test_a_table_without_a_gate_cache_name_lets_nothing_through(tmp_path: Path) 
         },
     )
     assert _rows(tmp_path, "--no-cache") == []
+
+
+@pytest.mark.parametrize(
+    ("setter", "found"),
+    [
+        ("setattr(cache, name, ring)", True),  # an object's attribute: the constant still holds
+        ("setattr(self.cache, name, ring)", True),
+        ('setattr(fields, "TENSOR_FIELDS", ("d_ring",))', False),  # the module's constant rebound
+    ],
+)
+def test_a_setattr_hides_an_imported_constant_only_where_it_may_set_the_module(
+    tmp_path: Path, setter: str, found: bool
+) -> None:
+    loader = (
+        "import torch\n\nfrom . import fields\nfrom .fields import TENSOR_FIELDS\n\n\n"
+        "def swap_in(self, cache, path):\n    snapshot = torch.load(path)\n"
+        f"    for name in TENSOR_FIELDS:\n        ring = snapshot[name]\n        {setter}\n"
+    )
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        "pkg/__init__.py": "",
+        "pkg/fields.py": _FIELDS,
+    }
+    _write(tmp_path, {**files, "pkg/loader.py": loader})
+    rows = [row for row in _rows(tmp_path, "--no-cache") if row[0] == "pkg/loader.py"]
+    assert rows == ([("pkg/loader.py", 10, "RL006")] if found else [])

@@ -93,15 +93,20 @@ def may_differ(prov: Provenance, site: Site, env: Env) -> bool:
     if function is None:
         return False
     return any(
-        _under_model_dtype(prov, call) for call in prov.index.calls_named(function.name.value)
+        _under_model_dtype(prov, call, env) for call in prov.index.calls_named(function.name.value)
     )
 
 
-def _under_model_dtype(prov: Provenance, call: cst.Call) -> bool:
-    """Whether ``call`` is in a class's code or in the body of a ``with`` that sets the default
-    dtype to one not provably float32."""
+def _under_model_dtype(prov: Provenance, call: cst.Call, env: Env) -> bool:
+    """Whether ``call`` is in a class's code, after a ``torch.set_default_dtype`` in its
+    function, or in the body of a ``with``, that sets the default dtype to one not provably
+    float32."""
     if any(prov.within(call, cls) for cls in prov.index.classes()):
         return True
+    at = prov.index.call_sites().get(id(call))
+    setting = None if at is None else default_dtype_setting(prov, at, env)
+    if setting is not None and not all(f.is_float32 for f in setting.dtypes):
+        return True  # `torch.set_default_dtype(dtype)` earlier in the caller
     return any(
         prov.within(call, node.body)
         and any(
@@ -125,8 +130,13 @@ def _sets_float32(prov: Provenance, call: cst.Call) -> bool:
 def default_dtype_detail(prov: Provenance, site: Site, env: Env) -> str:
     """How a finding names the default dtype an allocation at ``site`` takes."""
     setting = default_dtype_setting(prov, site, env)
+    suffix = ""
     if setting is None:
-        return _PLAIN
+        caller = _caller_setting(prov, site, env)
+        if caller is None:
+            return _PLAIN
+        setting, call = caller
+        suffix = f" before it calls `{one_line(prov.index.module, call)}`"
     text = one_line(prov.index.module, setting.call)
     spelled = f"`with {text}`" if setting.context_manager else f"`{text}`"
     literals = sorted({f.dtype for f in setting.dtypes if f.dtype is not None})
@@ -134,8 +144,27 @@ def default_dtype_detail(prov: Provenance, site: Site, env: Env) -> str:
         if literals == [FLOAT32]:
             return _PLAIN  # float32 here, but another caller or loader may set it otherwise
         named = " or ".join(f"torch.{d}" for d in literals)
-        return f"torch's default dtype, which {spelled} sets to {named}"
-    return f"torch's default dtype, which {spelled} sets to a dtype that is not provably float32"
+        return f"torch's default dtype, which {spelled} sets to {named}{suffix}"
+    return (
+        f"torch's default dtype, which {spelled} sets to a dtype that is not provably "
+        f"float32{suffix}"
+    )
+
+
+def _caller_setting(
+    prov: Provenance, site: Site, env: Env
+) -> tuple[DefaultDtypeSetting, cst.Call] | None:
+    """A call of the function around ``site``, after a setting of the default dtype in its
+    own function, and that setting: the dtype the allocation takes when that call runs it."""
+    function = next((s for s in reversed(site.scopes) if isinstance(s, cst.FunctionDef)), None)
+    if function is None:
+        return None
+    for call in prov.index.calls_named(function.name.value):
+        at = prov.index.call_sites().get(id(call))
+        setting = None if at is None else default_dtype_setting(prov, at, env)
+        if setting is not None and not all(f.is_float32 for f in setting.dtypes):
+            return setting, call
+    return None
 
 
 def _setting(

@@ -41,14 +41,18 @@ def called_function(
         owner = site.enclosing_class()
         if owner is None:
             return None
-        for binding in index.scope(owner).bindings.get(func.attr.value, ()):
-            if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
-                static = any(
-                    isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
-                    for d in binding.node.decorators
-                )
+        for cls in _with_bases(index, owner):
+            method = _method(index, cls, func.attr.value)
+            if method is None:
+                continue
+            static = any(
+                isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
+                for d in method.decorators
+            )
+            if cls is owner:
                 class_index = site.scopes.index(owner)
-                return binding.node, (*site.scopes[: class_index + 1], binding.node), not static
+                return method, (*site.scopes[: class_index + 1], method), not static
+            return method, (index.module, cls, method), not static  # inherited
         return None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
         # `Attention(cfg).ring()`, `build_attention().ring()`: a method of the instance made
@@ -123,6 +127,26 @@ def _method(index: ModuleIndex, owner: cst.ClassDef, name: str) -> cst.FunctionD
         if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
             return binding.node
     return None
+
+
+def _with_bases(index: ModuleIndex, owner: cst.ClassDef) -> list[cst.ClassDef]:
+    """``owner``, then the classes of the module it derives from, nearest first (a method
+    ``self`` calls may be inherited)."""
+    order: list[cst.ClassDef] = []
+    pending = [owner]
+    while pending and len(order) < _MAX_BASES:
+        cls = pending.pop(0)
+        if any(cls is seen for seen in order):
+            continue
+        order.append(cls)
+        for base in cls.bases:
+            found = _module_class(index, dotted_name(base.value))
+            if found is not None:
+                pending.append(found)
+    return order
+
+
+_MAX_BASES = 8
 
 
 def _module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:

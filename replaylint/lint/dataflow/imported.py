@@ -117,7 +117,7 @@ class Evaluation:
             dotted = str(value[2])
             found = view.resolve(dotted)
             chain = found.origins if isinstance(found, (Found, External)) else ()
-            if any(self.prov.index.assigns_attribute(o.name) for o in chain):
+            if any(self.prov.index.assigns_module_attribute(o.name) for o in chain):
                 raise Unknown  # `policy.WIRE_DTYPE = ...` here: the module's value may not hold
             if found is None and "." in dotted.lstrip("."):  # `Policy.WIRE`: a class's member
                 head, _, last = dotted.rpartition(".")

@@ -17,7 +17,7 @@ from replaylint.lint.dataflow.imports import ImportTable
 from replaylint.lint.dataflow.scopes import Binding, Scope, build_scope
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.names import GateCacheNames
-from replaylint.lint.syntax.nodes import read_names
+from replaylint.lint.syntax.nodes import dotted_name, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import descendants, syntax_children
 
@@ -43,6 +43,7 @@ class ModuleIndex:
         self._withs: list[cst.With] | None = None
         self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
+        self._module_assigned: set[str] = set()
         self._next: dict[int, cst.BaseStatement] | None = None
         self._unassigned: dict[str, bool] = {}
         self._upcast: dict[int, frozenset[str]] = {}
@@ -125,6 +126,16 @@ class ModuleIndex:
         assert self._assigned is not None
         return name in self._assigned or "*" in self._assigned
 
+    def assigns_module_attribute(self, name: str) -> bool:
+        """Whether the module may rebind the attribute ``name`` of a module object:
+        ``policy.WIRE_DTYPE = ...``, or a ``setattr`` on an imported name (a ``setattr`` on a
+        local object sets that object's attribute)."""
+        if self._assigned is None:
+            if self._never_assigned(name):
+                return False
+            self._collect()
+        return name in self._module_assigned or "*" in self._module_assigned
+
     def _never_assigned(self, name: str) -> bool:
         """Whether the text rules out every assignment of ``<anything>.<name>`` and every
         ``setattr``: a superset of what the walk finds, read without walking the tree."""
@@ -157,6 +168,8 @@ class ModuleIndex:
         classes: list[cst.ClassDef] = []
         withs: list[cst.With] = []
         assigned: set[str] = set()
+        setattr_roots: set[str | None] = set()
+        imported: set[str] = set()
         following: dict[int, cst.BaseStatement] = {}
         stack: list[cst.CSTNode] = [self.module]
         while stack:
@@ -180,12 +193,24 @@ class ModuleIndex:
                 if name is not None:
                     calls.setdefault(name, []).append(node)
                 if name in {"setattr", "__setattr__"} and not _on_self(node):
-                    assigned.add("*")
+                    setattr_roots.add(_setattr_root(node))
+            elif isinstance(node, (cst.Import, cst.ImportFrom)):
+                imported.update(_bound_by(node))
             elif isinstance(node, cst.ClassDef):
                 classes.append(node)
             elif isinstance(node, cst.With):
                 withs.append(node)
             stack.extend(reversed(syntax_children(node)))
+        # any setattr on another object may set an instance's attribute; a module's only where
+        # the object may be a module
+        self._module_assigned = set(assigned)
+        if setattr_roots:
+            assigned.add("*")
+        if any(
+            root is None or root in imported or "*" in imported
+            for root in setattr_roots - {"self", "cls"}
+        ):
+            self._module_assigned.add("*")
         self._calls, self._classes, self._assigned = calls, classes, assigned
         self._withs, self._next = withs, following
 
@@ -267,7 +292,7 @@ def _on_self_attribute(expr: cst.Attribute) -> bool:
 
 def _on_self(call: cst.Call) -> bool:
     """``setattr(self, name, x)``, ``object.__setattr__(self, name, x)``: the instance's own
-    attributes, never a module's."""
+    attributes."""
     args = [arg for arg in call.args if arg.keyword is None]
     first = args[0].value if args else None
     if isinstance(call.func, cst.Attribute) and call.func.attr.value == "__setattr__":
@@ -275,6 +300,36 @@ def _on_self(call: cst.Call) -> bool:
         if isinstance(receiver, cst.Name) and receiver.value in {"self", "cls"}:
             return True  # `self.__setattr__(name, x)`
     return isinstance(first, cst.Name) and first.value in {"self", "cls"}
+
+
+def _setattr_root(call: cst.Call) -> str | None:
+    """The name at the root of the object ``setattr(obj, name, x)`` (or ``obj.__setattr__``)
+    sets an attribute of: ``self`` for ``setattr(self.cache, ...)``; None when it is not a
+    name or an attribute of one."""
+    args = [arg for arg in call.args if arg.keyword is None]
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "__setattr__":
+        receiver: cst.BaseExpression | None = call.func.value
+        if isinstance(receiver, cst.Name) and receiver.value == "object":
+            receiver = args[0].value if args else None  # `object.__setattr__(obj, name, x)`
+    else:
+        receiver = args[0].value if args else None
+    while isinstance(receiver, cst.Attribute):
+        receiver = receiver.value
+    return receiver.value if isinstance(receiver, cst.Name) else None
+
+
+def _bound_by(statement: cst.Import | cst.ImportFrom) -> set[str]:
+    """The names an import binds: ``import a.b`` binds ``a``, ``from a import b as c`` binds
+    ``c``."""
+    if isinstance(statement.names, cst.ImportStar):
+        return {"*"}
+    bound: set[str] = set()
+    for alias in statement.names:
+        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            bound.add(alias.asname.name.value)
+        else:
+            bound.add((dotted_name(alias.name) or "").partition(".")[0])
+    return bound
 
 
 def _call_sites(module: cst.Module) -> dict[int, Site]:

@@ -142,6 +142,16 @@ TORCH_LOADERS = frozenset(
 )
 # safetensors' loaders always return a dict of tensors, never one tensor.
 SAFETENSORS_DICT_LOADERS = frozenset({"safetensors.torch.load_file", "safetensors.torch.load"})
+# Calls that write a tensor or a mapping of them to a file, with the place of the file among their
+# positional arguments: what they write is a snapshot's storage format.
+SAVERS: dict[str, int] = {
+    "torch.save": 1,
+    "numpy.save": 0,
+    "numpy.savez": 0,
+    "numpy.savez_compressed": 0,
+    "safetensors.torch.save_file": 1,
+    "pickle.dump": 1,
+}
 NUMPY_LOADERS = frozenset(
     {
         "numpy.load",

@@ -1,21 +1,27 @@
 """What a loop over cache names gives the gate cache, in words, and where that is written: one
 dtype, cast or load shared by every cache; a dtype picked by the cache's name (``dtypes[name]``);
 or a choice that keeps other caches float32 and leaves the gate cache out
-(``ring_dtype = torch.float32 if name == "state" else dtype``), reported where it is made."""
+(``ring_dtype = torch.float32 if name == "state" else dtype``), reported where it is made. And
+the fix of a tensor made before the loop that becomes the gate cache in it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.dataflow.strings import Iteration
+from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.model import Applicability
 from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
-__all__ = ["LoopTreatment", "loop_treatment", "shared_treatment"]
+__all__ = ["LoopTreatment", "before_loop_fix", "loop_treatment", "shared_treatment"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +106,33 @@ def _exemption(
 
 def _reads(node: cst.CSTNode, variable: str) -> bool:
     return any(isinstance(n, cst.Name) and n.value == variable for n in descendants(node))
+
+
+def before_loop_fix(
+    context: FileContext,
+    fact: TensorFact,
+    key: cst.BaseExpression,
+    value: cst.BaseExpression,
+    loop: cst.CSTNode,
+    iterations: Sequence[Iteration],
+    site: Site,
+) -> FixDraft | None:
+    """Float32 where a tensor made before the loop becomes the gate cache in it, as in
+    ``for name, t in zip(RINGS, (d, k, g))``: only when no other cache of the loop is that
+    tensor and the names it passes through are read nowhere else."""
+    prov = context.provenance
+    for env in iterations:
+        name = prov.string_value(key, site, env)
+        if name is not None and context.gate_caches.matches(name):
+            continue
+        if any(other.node is fact.node for other in prov.tensor_facts(value, site, env)):
+            return None  # the same tensor is another cache too
+    loop_names = {id(b.node) for b in fact.via if prov.within(b.node, loop)}
+    if not all(context.index.read_once(b) for b in fact.via if id(b.node) not in loop_names):
+        return None
+    made = None if fact.target is None else context.spelling.edits_for(fact.target, site)
+    if made is None:
+        return None
+    edits, safe = made
+    applicability = Applicability.SAFE if safe else Applicability.UNSAFE
+    return FixDraft(f"Allocate it as {context.spelling.float32_at(site)}", edits, applicability)

@@ -10,6 +10,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.snapshots import filled_local, only_saved
 from replaylint.lint.dataflow.strings import Iteration, naming_variable
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.fixes.drafts import FixDraft
@@ -17,7 +18,11 @@ from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.loop_treatment import loop_treatment, shared_treatment
+from replaylint.lint.rules.loop_treatment import (
+    before_loop_fix,
+    loop_treatment,
+    shared_treatment,
+)
 from replaylint.lint.rules.shared_helpers import SharedHelpers
 from replaylint.lint.rules.wording import (
     WHY,
@@ -94,6 +99,16 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        Valid(
+            """
+            import torch
+
+            def save_snapshot(cache, path, dtype):
+                # the file's storage format: reading it back is where a cast is needed
+                rings = {name: getattr(cache, name).to(dtype) for name in ("d_cache", "g_cache")}
+                torch.save({"rings": rings, "pos": cache.pos}, path)
+            """
+        ),
         Valid(
             """
             import torch
@@ -377,12 +392,15 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 and isinstance(subject, cst.Subscript)
                 and len(subject.slice) == 1
                 and isinstance(subject.slice[0].slice, cst.Index)
+                and not only_saved(self.provenance, subject.value, self.site())
             ):
                 self._keyed(subject.slice[0].slice.value, node.value, self._loops)
             if isinstance(subject, (cst.Tuple, cst.List)):
                 self._unpacked(subject, node.value)
 
     def visit_DictComp(self, node: cst.DictComp) -> None:
+        if only_saved(self.provenance, filled_local(node, self.site()), self.site()):
+            return  # a snapshot's storage format: reading it back uncast is reported there
         for_in = node.for_in
         loop = _Loop(node, for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(node.key, node.value, [loop])
@@ -441,43 +459,11 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                         elif self.provenance.within(fact.node, loop.node):
                             self._report_loop(fact, subject, loop, variable, gate_envs)
                         else:  # made before the loop, where the loop's name is not bound
-                            fix = self._before_loop_fix(fact, key, value, loop, iterations, site)
+                            fix = before_loop_fix(
+                                self.context, fact, key, value, loop.node, iterations, site
+                            )
                             self._report_loop(fact, subject, loop, None, gate_envs, fix)
             return
-
-    def _before_loop_fix(
-        self,
-        fact: TensorFact,
-        key: cst.BaseExpression,
-        value: cst.BaseExpression,
-        loop: _Loop,
-        iterations: Sequence[Iteration],
-        site: Site,
-    ) -> FixDraft | None:
-        """Float32 where a tensor made before the loop becomes the gate cache in it, as in
-        ``for name, t in zip(RINGS, (d, k, g))``: only when no other cache of the loop is that
-        tensor and the names it passes through are read nowhere else."""
-        for env in iterations:
-            name = self.provenance.string_value(key, site, env)
-            if name is not None and self.context.gate_caches.matches(name):
-                continue
-            if any(
-                other.node is fact.node for other in self.provenance.tensor_facts(value, site, env)
-            ):
-                return None  # the same tensor is another cache too
-        loop_names = {id(b.node) for b in fact.via if self.provenance.within(b.node, loop.node)}
-        if not all(
-            self.context.index.read_once(b) for b in fact.via if id(b.node) not in loop_names
-        ):
-            return None
-        made = None if fact.target is None else self.context.spelling.edits_for(fact.target, site)
-        if made is None:
-            return None
-        edits, safe = made
-        applicability = Applicability.SAFE if safe else Applicability.UNSAFE
-        return FixDraft(
-            f"Allocate it as {self.context.spelling.float32_at(site)}", edits, applicability
-        )
 
     def _report_loop(
         self,

@@ -20,6 +20,7 @@ __all__ = ["files_reading", "name_table_constants"]
 
 # a module-level constant bound to a bracketed literal: the cheap test before a parse
 _CONSTANT_TABLE = re.compile(rb"^_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{]", re.MULTILINE)
+_LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
 
 
 def name_table_constants(
@@ -49,8 +50,7 @@ def name_table_constants(
             raw = Path(path).read_bytes()
         except OSError:
             continue  # the analysis reports it
-        if _CONSTANT_TABLE.search(raw):
-            tables |= _tables_in(raw, names)
+        tables |= _tables_in(raw, names)
     if cache is not None and key is not None:
         cache.put_stage(key, sorted(tables))
     return frozenset(tables)
@@ -65,23 +65,41 @@ def files_reading(paths: Sequence[str], tables: frozenset[str], jobs: int) -> se
 
 
 def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
-    try:
-        tree = ast.parse(raw)
-    except (SyntaxError, ValueError):
-        return set()  # the analysis reports it
+    """The constants of ``raw`` that list a gate cache's name; each candidate statement is cut
+    out at its closing bracket and parsed alone (a whole module would cost a parse per file)."""
     found: set[str] = set()
-    for statement in tree.body:
+    for match in _CONSTANT_TABLE.finditer(raw):
+        end = _closing(raw, match.end() - 1)
+        if end is None:
+            continue
+        try:
+            tree = ast.parse(raw[match.start() : end + 1])
+        except (SyntaxError, ValueError):
+            continue  # not a whole statement (a bracket in a string): not followed
+        statement = tree.body[0] if len(tree.body) == 1 else None
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
             target, value = statement.targets[0], statement.value
         elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
             target, value = statement.target, statement.value
         else:
             continue
-        constant = isinstance(target, ast.Name) and target.id.lstrip("_")[:1].isupper()
-        if constant and any(names.matches(entry) for entry in _listed(value)):
-            assert isinstance(target, ast.Name)
+        if isinstance(target, ast.Name) and any(names.matches(e) for e in _listed(value)):
             found.add(target.id)
     return found
+
+
+def _closing(raw: bytes, start: int) -> int | None:
+    """The offset of the bracket that closes the one at ``start`` (None past a bound)."""
+    depth = 0
+    for offset in range(start, min(len(raw), start + _LONGEST_TABLE)):
+        byte = raw[offset]
+        if byte in b"([{":
+            depth += 1
+        elif byte in b")]}":
+            depth -= 1
+            if depth == 0:
+                return offset
+    return None
 
 
 def _listed(value: ast.expr) -> list[str]:
