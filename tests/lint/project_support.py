@@ -3,6 +3,10 @@ lint one of them the way a run with the project index does."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -10,6 +14,8 @@ from replaylint.lint.engine import Linter
 from replaylint.lint.model import Finding
 from replaylint.lint.project.index import ProjectIndex, module_names
 from replaylint.lint.project.summaries import summarise
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_tree(root: Path, files: dict[str, str]) -> list[Path]:
@@ -44,3 +50,26 @@ def fix_in_project(root: Path, files: dict[str, str], target: str) -> str:
     linter = Linter(project=index_of(paths))
     path = root / target
     return linter.fix(path.read_text(encoding="utf-8"), str(path), unsafe=True).source
+
+
+def cli_rows(root: Path, *args: str) -> list[tuple[str, int, str]]:
+    """(path relative to ``root``, row, code) of each finding of ``replaylint check`` run in
+    ``root`` with ``args``, sorted."""
+    done = subprocess.run(
+        [sys.executable, "-m", "replaylint", "check", "--output-format", "json", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in {0, 1}, done.stderr
+    return sorted(
+        (
+            Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(),
+            f["location"]["row"],
+            f["code"],
+        )
+        for f in json.loads(done.stdout)
+    )

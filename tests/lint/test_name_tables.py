@@ -5,16 +5,10 @@ constant only when the object it sets may be the constant's module."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from project_support import cli_rows, write_tree
 
 _FIELDS = """
 import torch
@@ -40,37 +34,9 @@ def read(path, shapes, dtype):
 """
 
 
-def _write(root: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-
-
-def _rows(root: Path, *args: str) -> list[tuple[str, int, str]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "replaylint", "check", "--output-format", "json", *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in {0, 1}, done.stderr
-    return sorted(
-        (
-            Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(),
-            f["location"]["row"],
-            f["code"],
-        )
-        for f in json.loads(done.stdout)
-    )
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    _write(
+    write_tree(
         tmp_path,
         {
             "pyproject.toml": "[tool.replaylint]\n",
@@ -84,21 +50,21 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("args", [("--no-cache",), ("--no-cache", "pkg/backend.py")])
 def test_a_loop_over_an_imported_name_table_is_linted(project: Path, args: tuple[str, ...]) -> None:
-    assert _rows(project, *args) == [("pkg/backend.py", 13, "RL006")]
+    assert cli_rows(project, *args) == [("pkg/backend.py", 13, "RL006")]
 
 
 def test_a_cached_run_sees_the_table_change(project: Path) -> None:
-    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]
-    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]  # answered from the cache
+    assert cli_rows(project) == [("pkg/backend.py", 13, "RL006")]
+    assert cli_rows(project) == [("pkg/backend.py", 13, "RL006")]  # answered from the cache
     fields = project / "pkg" / "fields.py"
     fields.write_text(fields.read_text("utf-8").replace('"g_cache"', '"scratch"'), "utf-8")
-    assert _rows(project) == []
+    assert cli_rows(project) == []
     fields.write_text(_FIELDS.lstrip("\n"), "utf-8")
-    assert _rows(project) == [("pkg/backend.py", 13, "RL006")]
+    assert cli_rows(project) == [("pkg/backend.py", 13, "RL006")]
 
 
 def test_a_table_without_a_gate_cache_name_lets_nothing_through(tmp_path: Path) -> None:
-    _write(
+    write_tree(
         tmp_path,
         {
             "pyproject.toml": "[tool.replaylint]\n",
@@ -107,7 +73,7 @@ def test_a_table_without_a_gate_cache_name_lets_nothing_through(tmp_path: Path) 
             "pkg/backend.py": _BACKEND,
         },
     )
-    assert _rows(tmp_path, "--no-cache") == []
+    assert cli_rows(tmp_path, "--no-cache") == []
 
 
 @pytest.mark.parametrize(
@@ -131,6 +97,6 @@ def test_a_setattr_hides_an_imported_constant_only_where_it_may_set_the_module(
         "pkg/__init__.py": "",
         "pkg/fields.py": _FIELDS,
     }
-    _write(tmp_path, {**files, "pkg/loader.py": loader})
-    rows = [row for row in _rows(tmp_path, "--no-cache") if row[0] == "pkg/loader.py"]
+    write_tree(tmp_path, {**files, "pkg/loader.py": loader})
+    rows = [row for row in cli_rows(tmp_path, "--no-cache") if row[0] == "pkg/loader.py"]
     assert rows == ([("pkg/loader.py", 10, "RL006")] if found else [])

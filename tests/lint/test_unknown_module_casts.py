@@ -9,16 +9,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from project_support import cli_rows, write_tree
 
 _MODELING = """
 import torch
@@ -113,29 +107,8 @@ _MIXIN_AND_MODEL = {
 
 
 def _findings(root: Path, files: dict[str, str]) -> list[tuple[str, int, str]]:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    (root / "pyproject.toml").write_text("[tool.replaylint]\n", encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, "-m", "replaylint", "check", "--no-cache", "--output-format", "json"],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode in {0, 1}, done.stderr
-    return sorted(
-        (
-            Path(f["filename"]).resolve().relative_to(root.resolve()).as_posix(),
-            f["location"]["row"],
-            f["code"],
-        )
-        for f in json.loads(done.stdout)
-    )
+    write_tree(root, {**files, "pyproject.toml": "[tool.replaylint]\n"})
+    return cli_rows(root, "--no-cache")
 
 
 def _package(files: dict[str, str]) -> dict[str, str]:
