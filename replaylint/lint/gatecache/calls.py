@@ -5,7 +5,7 @@ for an entry point's gate cache, and the name a passed value is known by."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 
@@ -178,7 +178,7 @@ def import_aliases(tree: ast.AST) -> dict[str, str]:
                 if alias.asname is not None:
                     aliases[alias.asname] = alias.name
     assigned: dict[str, str | None] = {}
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = dotted(node.targets[0]), dotted(node.value)
             if target is not None and value is not None and target != value:
@@ -188,6 +188,19 @@ def import_aliases(tree: ast.AST) -> dict[str, str]:
         if value is not None and target not in aliases:
             aliases[target] = _resolved(value, imported)
     return aliases
+
+
+def _statements(tree: ast.AST) -> Iterator[ast.stmt]:
+    """Every statement of ``tree``, at any depth, without a walk of its expressions."""
+    pending: list[ast.AST] = list(getattr(tree, "body", ()))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.stmt):
+            yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                pending.extend(item for item in block if isinstance(item, ast.AST))
 
 
 def _resolved(written: str, aliases: dict[str, str]) -> str:

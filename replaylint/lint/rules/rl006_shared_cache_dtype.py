@@ -392,18 +392,15 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 and isinstance(subject, cst.Subscript)
                 and len(subject.slice) == 1
                 and isinstance(subject.slice[0].slice, cst.Index)
-                and not only_saved(self.provenance, subject.value, self.site())
             ):
-                self._keyed(subject.slice[0].slice.value, node.value, self._loops)
+                self._keyed(subject.slice[0].slice.value, node.value, self._loops, subject.value)
             if isinstance(subject, (cst.Tuple, cst.List)):
                 self._unpacked(subject, node.value)
 
     def visit_DictComp(self, node: cst.DictComp) -> None:
-        if only_saved(self.provenance, filled_local(node, self.site()), self.site()):
-            return  # a snapshot's storage format: reading it back uncast is reported there
         for_in = node.for_in
         loop = _Loop(node, for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
-        self._keyed(node.key, node.value, [loop])
+        self._keyed(node.key, node.value, [loop], filled_local(node, self.site()))
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
         self._comprehension(node)
@@ -428,9 +425,14 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         return loop._iterations
 
     def _keyed(
-        self, key: cst.BaseExpression, value: cst.BaseExpression, loops: Sequence[_Loop]
+        self,
+        key: cst.BaseExpression,
+        value: cst.BaseExpression,
+        loops: Sequence[_Loop],
+        mapping: cst.BaseExpression | str | None = None,
     ) -> None:
-        """``value`` (or the element of a per-layer list) is stored under the name ``key``."""
+        """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
+        the local ``mapping``, when it is one)."""
         value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
         if not isinstance(value, (cst.Call, cst.IfExp, cst.Name)):  # before any dataflow
             return
@@ -448,6 +450,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                     gate_envs.append((name, env))
             if not gate_envs:
                 continue
+            if only_saved(self.provenance, mapping, site):
+                return  # a snapshot's storage format: reading it back uncast is reported there
             variable = naming_variable(key, [env for _, env in gate_envs])
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):

@@ -461,7 +461,13 @@ def lint_many(
     modules = RunModules([item.path for item in teachers], digests, cache)
     if prefilter:  # a file that loops over one of these names no gate cache
         needles = scanner.relevance.byte_needles
-        tables = name_table_constants(readable, needles, stamps, names, cache, jobs)
+
+        def naming() -> list[str]:  # read in this run, and checked against the learned names
+            return [str(p) for p, info in known.items() if info.stage_one]
+
+        every_file_read = not extra and all(info.scanned for info in known.values())
+        files = naming if every_file_read else readable
+        tables = name_table_constants(files, needles, stamps, names, cache, jobs)
         modules.index.name_tables = tables
     learned_key = _learned_key(names, modules.index.name_tables)
 

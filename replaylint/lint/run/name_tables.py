@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replaylint.lint.gatecache.grep import files_containing
@@ -24,7 +24,7 @@ _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a lis
 
 
 def name_table_constants(
-    paths: Sequence[str],
+    paths: Sequence[str] | Callable[[], Sequence[str]],
     needles: Sequence[bytes] | None,
     stamps: Sequence[tuple[str, int, int, int]],
     names: GateCacheNames,
@@ -32,9 +32,10 @@ def name_table_constants(
     jobs: int,
 ) -> frozenset[str]:
     """The names of the module constants of ``paths`` that list a gate cache's name; only the
-    files holding one of ``needles`` (the pre-filter's, None: every file) are parsed.
-    ``stamps``: (path, size, mtime, ctime) of every file of the run, what a stored answer is
-    keyed on."""
+    files holding one of ``needles`` (the pre-filter's, None: every file) are read. ``paths``
+    may instead be a function giving the files already known to hold one (the run read them
+    all). ``stamps``: (path, size, mtime, ctime) of every file of the run, what a stored answer
+    is keyed on."""
     key = None
     if cache is not None:
         learned = sorted(names.learned)
@@ -43,7 +44,10 @@ def name_table_constants(
         found, stored = cache.stage(key)
         if found and isinstance(stored, list) and all(isinstance(s, str) for s in stored):
             return frozenset(stored)
-    naming = set(paths) if needles is None else files_containing(paths, needles, jobs)
+    if callable(paths):
+        naming = set(paths())
+    else:
+        naming = set(paths) if needles is None else files_containing(paths, needles, jobs)
     tables: set[str] = set()
     for path in sorted(naming):
         try:
