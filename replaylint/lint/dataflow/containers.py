@@ -17,7 +17,7 @@ from replaylint.lint.dataflow import strings
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.kwargs import entry_changed
 from replaylint.lint.dataflow.strings import Env, bound_in
-from replaylint.lint.syntax.nodes import literal_string
+from replaylint.lint.syntax.nodes import literal_string, plain_element
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -116,8 +116,5 @@ def sequence_entry(
         sequence, where = found[0][0].value, found[0][1]
     if not isinstance(sequence, (cst.Tuple, cst.List)):
         return None
-    elements = sequence.elements
-    position = int(index.value, 0)
-    if any(isinstance(e, cst.StarredElement) for e in elements) or position >= len(elements):
-        return None
-    return elements[position].value, where
+    element = plain_element(sequence, int(index.value, 0))
+    return None if element is None else (element, where)

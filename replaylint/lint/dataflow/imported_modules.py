@@ -32,6 +32,7 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.nodes import plain_element
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -116,7 +117,7 @@ def _instance(
     if depth > _MAX_DEPTH:
         return None
     if position is not None and isinstance(expr, (cst.Tuple, cst.List)):
-        element = _plain_element(expr, position)
+        element = plain_element(expr, position)
         return None if element is None else _instance(prov, element, site, depth + 1)
     if isinstance(expr, cst.Call):
         func = expr.func
@@ -178,14 +179,6 @@ def _returned_here(
     if classes and all(c is not None for c in classes):
         return classes[0]
     return None
-
-
-def _plain_element(sequence: cst.Tuple | cst.List, position: int) -> cst.BaseExpression | None:
-    if position >= len(sequence.elements):
-        return None
-    if any(isinstance(e, cst.StarredElement) for e in sequence.elements):
-        return None
-    return sequence.elements[position].value
 
 
 def _class(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Found | None:

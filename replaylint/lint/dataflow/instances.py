@@ -26,7 +26,13 @@ import libcst as cst
 
 from replaylint.lint.dataflow import records
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.syntax.nodes import decorated, dotted_name, literal_string, positional_args
+from replaylint.lint.syntax.nodes import (
+    decorated,
+    dotted_name,
+    literal_string,
+    plain_element,
+    positional_args,
+)
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
 
@@ -333,13 +339,10 @@ class _Resolver:
         def element(
             returned: cst.BaseExpression, at: Site, depth: int, cls_name: str | None
         ) -> Names | None:
-            if not isinstance(returned, (cst.Tuple, cst.List)) or position >= len(
-                returned.elements
-            ):
+            if not isinstance(returned, (cst.Tuple, cst.List)):
                 return None
-            if any(isinstance(e, cst.StarredElement) for e in returned.elements):
-                return None
-            return self.instances(returned.elements[position].value, at, depth, cls_name)
+            element = plain_element(returned, position)
+            return None if element is None else self.instances(element, at, depth, cls_name)
 
         return _all_known(self._returned(value, site, depth, cls_name, element))
 

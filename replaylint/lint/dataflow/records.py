@@ -20,7 +20,13 @@ from replaylint.lint.dataflow import imported
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.project.index import Found
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, positional_args, record_fields
+from replaylint.lint.syntax.nodes import (
+    dotted_name,
+    keyword_arg,
+    plain_elements,
+    positional_args,
+    record_fields,
+)
 from replaylint.lint.syntax.sites import Site
 
 _MAX_DEPTH = 8
@@ -62,7 +68,7 @@ def _field_value(
     if isinstance(record, (cst.Tuple, cst.List)):
         if not isinstance(field, int):
             return None
-        elements = _plain_elements(record)
+        elements = plain_elements(record)
         if elements is None or field >= len(elements):
             return None
         return FieldValue(elements[field], site, "positional")
@@ -224,7 +230,7 @@ def sequence_length(
             ):
                 sequence, site = value, found[0][1]
     if isinstance(sequence, (cst.Tuple, cst.List)):
-        plain = _plain_elements(sequence)
+        plain = plain_elements(sequence)
         return None if plain is None else len(plain)
     if isinstance(sequence, (cst.ListComp, cst.GeneratorExp)):
         loop = sequence.for_in
@@ -305,9 +311,3 @@ def unpacked(binding: Binding) -> tuple[cst.BaseExpression, int] | None:
                 if element.value is binding.node:
                     return small.value, position
     return None
-
-
-def _plain_elements(sequence: cst.Tuple | cst.List) -> list[cst.BaseExpression] | None:
-    if any(isinstance(e, cst.StarredElement) for e in sequence.elements):
-        return None
-    return [e.value for e in sequence.elements]

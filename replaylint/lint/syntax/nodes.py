@@ -99,6 +99,20 @@ def read_names(node: cst.CSTNode) -> list[cst.Name]:
     return found
 
 
+def plain_elements(sequence: cst.Tuple | cst.List) -> list[cst.BaseExpression] | None:
+    """The elements of a tuple or list literal; None when one is spread (``*rest``), which
+    moves every place after it."""
+    if any(isinstance(e, cst.StarredElement) for e in sequence.elements):
+        return None
+    return [e.value for e in sequence.elements]
+
+
+def plain_element(sequence: cst.Tuple | cst.List, position: int) -> cst.BaseExpression | None:
+    """The element at ``position`` of a tuple or list literal without a spread."""
+    elements = plain_elements(sequence)
+    return elements[position] if elements is not None and 0 <= position < len(elements) else None
+
+
 def one_line(module: cst.Module, node: cst.CSTNode, limit: int = 60) -> str:
     """``node``'s source on one line, shortened to ``limit`` characters (for messages)."""
     text = " ".join(module.code_for_node(node).split())
