@@ -103,9 +103,7 @@ def _under_model_dtype(prov: Provenance, call: cst.Call, env: Env) -> bool:
     float32."""
     if any(prov.within(call, cls) for cls in prov.index.classes()):
         return True
-    at = prov.index.call_sites().get(id(call))
-    setting = None if at is None else default_dtype_setting(prov, at, env)
-    if setting is not None and not all(f.is_float32 for f in setting.dtypes):
+    if _non_float32_setting_at(prov, call, env) is not None:
         return True  # `torch.set_default_dtype(dtype)` earlier in the caller
     return any(
         prov.within(call, node.body)
@@ -160,11 +158,20 @@ def _caller_setting(
     if function is None:
         return None
     for call in prov.index.calls_named(function.name.value):
-        at = prov.index.call_sites().get(id(call))
-        setting = None if at is None else default_dtype_setting(prov, at, env)
-        if setting is not None and not all(f.is_float32 for f in setting.dtypes):
+        setting = _non_float32_setting_at(prov, call, env)
+        if setting is not None:
             return setting, call
     return None
+
+
+def _non_float32_setting_at(
+    prov: Provenance, call: cst.Call, env: Env
+) -> DefaultDtypeSetting | None:
+    """The setting of the default dtype that ``call`` runs under, when it is not provably
+    float32."""
+    at = prov.index.call_sites().get(id(call))
+    setting = None if at is None else default_dtype_setting(prov, at, env)
+    return None if setting is None or all(f.is_float32 for f in setting.dtypes) else setting
 
 
 def _setting(
