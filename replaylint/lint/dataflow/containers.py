@@ -15,7 +15,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow import strings
 from replaylint.lint.dataflow.helpers import called_function
-from replaylint.lint.dataflow.kwargs import entry_changed
+from replaylint.lint.dataflow.kwargs import table_call
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.syntax.nodes import literal_string, plain_element
 from replaylint.lint.syntax.sites import Site
@@ -49,16 +49,15 @@ def returned_entries(
     if not isinstance(table, cst.Name) or len(subscript.slice) != 1:
         return None
     index = subscript.slice[0].slice
-    found = prov.lookup(table.value, site, env)
-    if not isinstance(index, cst.Index) or not found or len(found) != 1:
-        return None
-    binding, binding_site = found[0]
-    if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+    if not isinstance(index, cst.Index):
         return None
     key = strings.string_value(prov, index.value, site, env)
-    if key is None or entry_changed(binding_site.scope, table.value, binding.node, key):
+    if key is None:
         return None
-    called = called_function(prov.index, prov, binding.value, binding_site)
+    bound = table_call(prov, table, key, site, env)
+    if bound is None:
+        return None
+    called = called_function(prov.index, prov, bound[0], bound[1])
     if called is None:
         return None
     function, scopes, _ = called

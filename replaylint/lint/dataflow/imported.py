@@ -29,7 +29,7 @@ import libcst as cst
 from replaylint.lint.dataflow.facts import (
     DtypeFact,
 )
-from replaylint.lint.dataflow.kwargs import entry_changed
+from replaylint.lint.dataflow.kwargs import table_call
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.torch_api import (
     dtype_from_qualified_name,
@@ -540,16 +540,9 @@ def _returned_table(
 ) -> Value | None:
     """``dtypes = ring_dtypes(dtype)`` bound once to a call of a project function, whose entry
     ``key`` the scope never writes afterwards: the call, for ``dtypes["g_cache"]``."""
-    found = prov.lookup(name.value, site, env)
-    if not found or len(found) != 1:
-        return None
-    binding, binding_site = found[0]
-    if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
-        return None
     wanted = prov.string_value(key, site, env)
-    if wanted is None or entry_changed(binding_site.scope, name.value, binding.node, wanted):
-        return None
-    return as_value(prov, binding.value, binding_site, env)
+    bound = None if wanted is None else table_call(prov, name, wanted, site, env)
+    return None if bound is None else as_value(prov, bound[0], bound[1], env)
 
 
 def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:

@@ -154,10 +154,21 @@ def _dict_call(prov: Provenance, call: cst.Call, site: Site, env: Env, key: str)
     return state
 
 
-def entry_changed(scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str) -> bool:
-    """Whether ``scope`` writes the ``key`` entry of the mapping ``name`` after binding it, or
-    changes the mapping in a way not followed (passed on, ``pop``, ``del``)."""
-    return next(_mutations(scope, name, binding_target, key), None) is not None
+def table_call(
+    prov: Provenance, name: cst.Name, key: str, site: Site, env: Env
+) -> tuple[cst.Call, Site] | None:
+    """The call the mapping ``name`` is bound to, once (``dtypes = ring_dtypes(dtype)``), when
+    its scope writes the ``key`` entry nowhere after that and changes the mapping in no way not
+    followed (passed on, ``pop``, ``del``): what ``dtypes[key]`` reads is what the call returns."""
+    found = prov.lookup(name.value, site, env)
+    if not found or len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    if binding.kind != "assign" or not isinstance(binding.value, cst.Call):
+        return None
+    if next(_mutations(binding_site.scope, name.value, binding.node, key), None) is not None:
+        return None
+    return binding.value, binding_site
 
 
 Mutation = tuple[cst.BaseExpression | None, cst.CSTNode | None]
