@@ -212,11 +212,13 @@ def _resolved(written: str, aliases: dict[str, str]) -> str:
 class LocalValues:
     """What a local that a call passes was bound to in its function: ``d, k, g = self.d_buf,
     self.k_buf, self.forget_cache`` then ``decode(..., g, ...)`` passes ``self.forget_cache``.
-    Built on the first question (a walk of the module's functions)."""
+    Built on the first question (a walk of the module's functions); each function's assignments
+    are read once, on the first question about it."""
 
     def __init__(self, tree: ast.AST) -> None:
         self._tree = tree
         self._owner: dict[int, ast.AST] | None = None
+        self._bound: dict[int, dict[str, list[ast.expr]]] = {}
 
     def values(self, call: ast.Call, name: str) -> list[ast.expr]:
         """Every value ``name`` is bound to, by a plain or an unpacking assignment, in the
@@ -231,22 +233,28 @@ class LocalValues:
         owner = self._owner.get(id(call))
         if owner is None:
             return []
-        found: list[ast.expr] = []
-        for node in ast.walk(owner):
-            if not isinstance(node, ast.Assign):
-                continue
-            for target in node.targets:
-                if isinstance(target, ast.Name) and target.id == name:
-                    found.append(node.value)
-                elif (
-                    isinstance(target, (ast.Tuple, ast.List))
-                    and isinstance(node.value, (ast.Tuple, ast.List))
-                    and len(target.elts) == len(node.value.elts)
-                    and not any(isinstance(e, ast.Starred) for e in node.value.elts)
-                ):
-                    found += [
-                        value
-                        for element, value in zip(target.elts, node.value.elts, strict=True)
-                        if isinstance(element, ast.Name) and element.id == name
-                    ]
-        return found
+        bound = self._bound.get(id(owner))
+        if bound is None:
+            bound = self._bound[id(owner)] = _assigned_values(owner)
+        return bound.get(name, [])
+
+
+def _assigned_values(function: ast.AST) -> dict[str, list[ast.expr]]:
+    """Name -> the values a plain or an unpacking assignment in ``function`` binds it to."""
+    bound: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                bound.setdefault(target.id, []).append(node.value)
+            elif (
+                isinstance(target, (ast.Tuple, ast.List))
+                and isinstance(node.value, (ast.Tuple, ast.List))
+                and len(target.elts) == len(node.value.elts)
+                and not any(isinstance(e, ast.Starred) for e in node.value.elts)
+            ):
+                for element, value in zip(target.elts, node.value.elts, strict=True):
+                    if isinstance(element, ast.Name):
+                        bound.setdefault(element.id, []).append(value)
+    return bound
