@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import libcst as cst
 
@@ -155,7 +155,7 @@ def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
             if isinstance(small, cst.Assign) and any(n is call for n in _walk(small.value)):
                 names.update(_code(module, target.target) for target in small.targets)
     for node in _walk(site.scope):
-        if _is_guard_call(node) and isinstance(node, cst.Call) and node.args:
+        if _is_guard_call(node) and node.args:
             guarded = node.args[0].value
             if _code(module, guarded) in names or any(n is call for n in _walk(guarded)):
                 return True
@@ -168,7 +168,7 @@ def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:
     return False
 
 
-def _is_guard_call(node: cst.CSTNode) -> bool:
+def _is_guard_call(node: cst.CSTNode) -> TypeGuard[cst.Call]:
     return isinstance(node, cst.Call) and (dotted_name(node.func) or "").rpartition(".")[2] == GUARD
 
 

@@ -51,8 +51,9 @@ def model_casting_files(
     """The files that may cast a module holding a gate buffer: those that contain a module cast
     call and mention a project class holding one (or a class such a class derives from), or,
     in a project with such classes, a module of no known class (``model: nn.Module``, a cast of
-    ``self`` or of a receiver named like a model). ``naming_gate_caches`` are the files that name a gate cache, ``others`` the rest
-    (ruled out so far); ``read`` returns a file's bytes (None when it cannot be read)."""
+    ``self`` or of a receiver named like a model). ``naming_gate_caches`` are the files that
+    name a gate cache, ``others`` the rest (ruled out so far); ``read`` returns a file's bytes
+    (None when it cannot be read)."""
     examined: set[str] = set()
     holders: set[str] = set()
     bases: set[str] = set()
