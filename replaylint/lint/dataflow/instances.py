@@ -31,6 +31,7 @@ from replaylint.lint.syntax.nodes import (
     dotted_name,
     literal_string,
     plain_element,
+    plain_elements,
     positional_args,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -144,6 +145,15 @@ def _assigned(small: cst.BaseSmallStatement, me: str) -> Iterator[tuple[str, cst
             attribute = _own_attribute(target.target, me)
             if attribute is not None:
                 yield attribute, small.value
+            elif isinstance(target.target, (cst.Tuple, cst.List)):  # `self.a, self.b = a, b`
+                value = small.value
+                values = plain_elements(value) if isinstance(value, (cst.Tuple, cst.List)) else None
+                names = plain_elements(target.target)
+                if values is not None and names is not None and len(values) == len(names):
+                    for name, element in zip(names, values, strict=True):
+                        attribute = _own_attribute(name, me)
+                        if attribute is not None:
+                            yield attribute, element
     elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
         attribute = _own_attribute(small.target, me)
         if attribute is not None:

@@ -13,7 +13,10 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
 ``["either", [v, ...], dtype_test]`` one of several values (a conditional expression, or the
 ``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype);
-``["self", a]`` an attribute of ``self`` inside a class; ``["unknown"]``.
+``["self", a]`` an attribute of ``self`` inside a class; ``["per_key", mapping, v]`` a dict
+comprehension with one value per key of ``mapping`` (``{name: torch.zeros(shape, dtype=dtype) for
+name, shape in shapes.items()}``), where ``v`` reads the key as ``["loop", "key"]`` and the entry
+as ``["loop", "value"]``; ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
 ``try``, a loop), declared ``global`` in a function, deleted or mutated in place
@@ -28,6 +31,7 @@ import ast
 from typing import Any
 
 from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
+from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -47,17 +51,6 @@ float32, with those attributes)."""
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
-_CONDITIONAL: tuple[type[ast.stmt], ...] = (
-    ast.If,
-    ast.Try,
-    ast.For,
-    ast.AsyncFor,
-    ast.While,
-    ast.With,
-    ast.AsyncWith,
-    ast.Match,
-    *((ast.TryStar,) if hasattr(ast, "TryStar") else ()),
-)
 # calls that rebind a module's names behind the analysis's back
 _DYNAMIC_NAMESPACE = frozenset({"globals", "vars", "exec"})
 _MAX_VALUE_NODES = 200  # a constant larger than this is no dtype policy
@@ -147,7 +140,7 @@ class _Summariser:
                 self.loaders[statement.name] = reads
         elif isinstance(statement, ast.ClassDef):
             self._define(statement.name, self._class(statement))
-        elif isinstance(statement, _CONDITIONAL):
+        elif isinstance(statement, CONDITIONAL):
             for node in ast.walk(statement):  # bound under a condition: not certain
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                     self.spoiled.add(node.id)
@@ -320,7 +313,7 @@ class _Summariser:
         flags: dict[str, Any] = {
             "record": any("dataclass" in _decorator_name(d) for d in cls.decorator_list)
             or any(dotted(base).endswith("NamedTuple") for base in cls.bases),
-            "frozen": any(_frozen(d) for d in cls.decorator_list),
+            "frozen": any(frozen(d) for d in cls.decorator_list),
             "init": False,
             "bases": bool(cls.bases) or bool(cls.keywords),
         }
@@ -339,7 +332,7 @@ class _Summariser:
                     and "ClassVar" in dotted(statement.annotation.value)
                 )
                 kind = "const" if classvar or not flags["record"] else "field"
-                value = _field_default(statement.value)
+                value = field_default(statement.value)
                 entry = [
                     kind,
                     statement.lineno,
@@ -359,7 +352,7 @@ class _Summariser:
                     ]
                 else:
                     entry = ["method", statement.lineno, UNKNOWN]
-            elif isinstance(statement, _CONDITIONAL):
+            elif isinstance(statement, CONDITIONAL):
                 for node in ast.walk(statement):
                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                         spoiled.add(node.id)
@@ -369,7 +362,7 @@ class _Summariser:
                 members[name] = entry
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
-        flags["fields"] = _positional_fields(cls) if flags["record"] else None
+        flags["fields"] = positional_fields(cls) if flags["record"] else None
         flags["constructors"] = constructors(cls)
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
             flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
@@ -510,6 +503,8 @@ class _Values:
         if isinstance(node, ast.IfExp):  # either branch: the test is not evaluated
             branches = [self.value(node.body), self.value(node.orelse)]
             return ["either", branches, _compares_dtype(node.test)]
+        if isinstance(node, ast.DictComp):
+            return self._per_key(node)
         if isinstance(node, ast.Lambda):
             params = _params(self.summariser, node.args)
             if params is None:
@@ -518,6 +513,43 @@ class _Values:
             inner.update({str(p[0]): ["param", p[0]] for p in params})
             return ["lambda", params, _Values(self.summariser, inner).value(node.body)]
         return UNKNOWN
+
+    def _per_key(self, node: ast.DictComp) -> Value:
+        """``{k: v for k, v in mapping.items()}`` or ``{k: v for k in mapping}``, unfiltered."""
+        if len(node.generators) != 1:
+            return UNKNOWN
+        loop = node.generators[0]
+        source: ast.expr = loop.iter
+        method = ""
+        call = loop.iter
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in {"items", "keys"}
+            and not (call.args or call.keywords)
+        ):
+            source, method = call.func.value, call.func.attr
+        target = loop.target
+        if method == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            key, entry = target.elts
+        elif method != "items":
+            key, entry = target, None
+        else:
+            return UNKNOWN
+        if (
+            loop.ifs
+            or loop.is_async
+            or not isinstance(key, ast.Name)
+            or not (entry is None or isinstance(entry, ast.Name))
+            or not (isinstance(node.key, ast.Name) and node.key.id == key.id)
+        ):
+            return UNKNOWN
+        inner = dict(self.locals)
+        inner[key.id] = ["loop", "key"]
+        if entry is not None:
+            inner[entry.id] = ["loop", "value"]
+        element = _Values(self.summariser, inner, in_class=self.in_class).value(node.value)
+        return ["per_key", self.value(source), element]
 
 
 def _is_instance(node: ast.expr) -> bool:
@@ -528,56 +560,3 @@ def _is_instance(node: ast.expr) -> bool:
 
 def _decorator_name(node: ast.expr) -> str:
     return dotted(node.func if isinstance(node, ast.Call) else node)
-
-
-def _positional_fields(cls: ast.ClassDef) -> list[str] | None:
-    """The fields a record's constructor fills by position, in order; None when which argument
-    fills which is not certain (``kw_only``, ``KW_ONLY``, ``field(init=False)``, a base class
-    of a dataclass, fields bound under a condition)."""
-    named_tuple = any(dotted(base).endswith("NamedTuple") for base in cls.bases)
-    if not named_tuple and (cls.bases or cls.keywords):
-        return None  # a dataclass's base classes contribute fields of their own
-    for decorator in cls.decorator_list:
-        if isinstance(decorator, ast.Call) and any(k.arg == "kw_only" for k in decorator.keywords):
-            return None
-    fields: list[str] = []
-    for statement in cls.body:
-        if isinstance(statement, _CONDITIONAL):
-            return None
-        if not isinstance(statement, ast.AnnAssign) or not isinstance(statement.target, ast.Name):
-            continue
-        written = dotted(statement.annotation) or (
-            dotted(statement.annotation.value)
-            if isinstance(statement.annotation, ast.Subscript)
-            else ""
-        )
-        if written.endswith("ClassVar"):
-            continue
-        value = statement.value
-        if written.endswith("KW_ONLY") or (
-            isinstance(value, ast.Call)
-            and dotted(value.func).endswith("field")
-            and any(k.arg in {"init", "kw_only"} for k in value.keywords)
-        ):
-            return None
-        if statement.target.id in fields:
-            return None
-        fields.append(statement.target.id)
-    return fields
-
-
-def _frozen(node: ast.expr) -> bool:
-    return isinstance(node, ast.Call) and any(
-        k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
-        for k in node.keywords
-    )
-
-
-def _field_default(value: ast.expr | None) -> ast.expr | None:
-    """``field(default=x)`` -> ``x``; ``field(...)`` without a default -> None."""
-    if isinstance(value, ast.Call) and dotted(value.func).endswith("field"):
-        for keyword in value.keywords:
-            if keyword.arg == "default":
-                return keyword.value
-        return None
-    return value

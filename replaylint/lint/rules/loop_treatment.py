@@ -17,6 +17,7 @@ from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.model import Applicability
+from replaylint.lint.rules.wording import quoted
 from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
@@ -136,3 +137,14 @@ def before_loop_fix(
     edits, safe = made
     applicability = Applicability.SAFE if safe else Applicability.UNSAFE
     return FixDraft(f"Allocate it as {context.spelling.float32_at(site)}", edits, applicability)
+
+
+def gate_name_test(variable: str | None, envs: Sequence[Iteration]) -> str | None:
+    """``name == "g_cache"`` (or ``name in (...)``): the test on the loop's naming variable
+    that holds for the gate-cache iterations ``envs``; None without such a variable."""
+    if variable is None:
+        return None
+    values = sorted({str(env[variable]) for env in envs})
+    if len(values) == 1:
+        return f"{variable} == {quoted(values[0])}"
+    return f"{variable} in ({', '.join(quoted(v) for v in values)})"

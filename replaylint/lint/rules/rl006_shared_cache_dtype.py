@@ -18,8 +18,10 @@ from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.keyed_helpers import keyed_helper_finding
 from replaylint.lint.rules.loop_treatment import (
     before_loop_fix,
+    gate_name_test,
     loop_treatment,
     shared_treatment,
 )
@@ -28,7 +30,6 @@ from replaylint.lint.rules.wording import (
     WHY,
     made_how,
     named_gate_cache,
-    quoted,
 )
 from replaylint.lint.syntax.nodes import (
     binding_name,
@@ -78,6 +79,11 @@ clean; a ring the loop loads (`setattr(cache, name, snapshot[name])`) keeps its 
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
 the gate-cache call passes. A helper imported from another module of the project is RL001's or
 RL002's: the argument the gate-cache call passes is followed into the helper's allocation there.
+A helper that allocates one tensor per key of the mapping it is given, all in one dtype
+(`{name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}`, defined in this
+module or another module of the project), is reported at each call whose mapping has a gate-cache
+key (a literal, `{**shapes, "g_cache": shape}`, a local or attribute bound to one, a function or
+method of the module returning one).
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
@@ -88,7 +94,8 @@ with the gate cache's name (`zip(RINGS, (d, k, g))`) is allocated as float32 whe
 when no other cache is that tensor and it is read nowhere else. For a helper, the
 gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
 only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
-dtype expression it had, and only the gate cache changes, to float32. Otherwise — a cast
+dtype expression it had, and only the gate cache changes, to float32. Otherwise — a call
+of a per-key helper (which other callers may use for caches that are not gate caches), a cast
 with arguments in a loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
 targets — the finding says what to change and has no fix, with one exception: a gate cache
 unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`, `dtype` and
@@ -347,6 +354,18 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         Invalid(
             """
             import torch
+
+            def alloc_rings(shapes, dtype):
+                return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
+
+            def host_rings(shapes, g_shape, dtype):
+                return alloc_rings({**shapes, "g_cache": g_shape}, dtype)
+            """,
+            message_contains="which gives every entry of",
+        ),
+        Invalid(
+            """
+            import torch
             d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
             """,
             expected_fix="""
@@ -372,6 +391,9 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         self._loops.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
+        found = keyed_helper_finding(self.context, self.provenance, node, self.site())
+        if found is not None:
+            self.report(found.node, found.message, fix=found.fix)
         if not self._loops:
             return
         positional = positional_args(node)
@@ -483,14 +505,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             return
         self._reported.add(id(fact.node))
         iterable = one_line(self.context.module, loop.iterable)
-        values = sorted({str(env[variable]) for _, env in gate_envs}) if variable else []
-        condition = (
-            None
-            if variable is None
-            else f"{variable} == {quoted(values[0])}"
-            if len(values) == 1
-            else f"{variable} in ({', '.join(quoted(v) for v in values)})"
-        )
+        condition = gate_name_test(variable, [env for _, env in gate_envs])
         treatment = loop_treatment(
             self.provenance, self.context.module, fact, variable, loop.node, self.site()
         )

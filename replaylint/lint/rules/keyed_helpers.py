@@ -1,0 +1,52 @@
+"""RL006's per-key helpers: a call of a helper that allocates every entry of the mapping it is
+given in one dtype, with a mapping whose keys name the gate cache.
+
+The helper may serve callers whose mappings hold no gate cache, so neither it nor the call is
+rewritten: the finding says to allocate the gate cache on its own.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.keyed_allocations import keyed_allocation, known_keys
+from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.rules.shared_helpers import HelperFinding
+from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
+from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.sites import Site
+
+
+def keyed_helper_finding(
+    context: FileContext, prov: Provenance, call: cst.Call, site: Site
+) -> HelperFinding | None:
+    """What to report for ``call``, when it is such a call."""
+    found = keyed_allocation(prov, call, site)
+    if found is None:
+        return None
+    keys = known_keys(prov, found.mapping, found.mapping_site)
+    gates = sorted(k for k in keys if context.gate_caches.matches(k))
+    if not gates or (found.dtypes and all(f.is_float32 for f in found.dtypes)):
+        return None
+    module = context.module
+    helper = one_line(module, call.func)
+    where = (
+        f"line {context.line_of(found.defined)}"
+        if isinstance(found.defined, cst.FunctionDef)
+        else found.defined
+    )
+    if found.passed is not None:
+        dtype = f"the dtype this call passes, `{one_line(module, found.passed)}`"
+    else:
+        known = sorted({f.dtype for f in found.dtypes if f.dtype is not None})
+        dtype = f"`torch.{'` or `torch.'.join(known)}`" if known else "the helper's own dtype"
+    subject = named_gate_cache(context.gate_caches, gates[0])
+    others = f" (and {', '.join(quoted(g) for g in gates[1:])})" if gates[1:] else ""
+    return HelperFinding(
+        call,
+        f"{subject}{others} is allocated by `{helper}` ({where}), which gives every entry of "
+        f"`{one_line(module, found.mapping)}` {dtype}, not provably float32; allocate the gate "
+        f"cache on its own as float32 ({WHY})",
+        None,
+    )

@@ -1,0 +1,154 @@
+"""Helpers that allocate one tensor per key of the mapping a caller passes, all in one dtype:
+a call whose mapping names the gate cache is reported (RL006), in this module and across
+modules of the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from project_support import lint_in_project
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.project.summaries import summarise
+
+_HELPERS = """
+import torch
+
+
+def alloc_rings(shapes, dtype, device="cpu"):
+    # one zeroed buffer per name, all in the given dtype
+    return {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+
+
+def alloc_like(names, shape, dtype=torch.bfloat16):
+    return {name: torch.empty(shape, dtype=dtype) for name in names}
+
+
+def alloc_default(shapes):
+    return {name: torch.zeros(shape) for name, shape in shapes.items()}
+"""
+
+
+def _rows(tmp_path: Path, body: str) -> list[tuple[int, str]]:
+    user = f"import torch\nfrom .alloc import alloc_default, alloc_like, alloc_rings\n\n{body}"
+    files = {"pkg/__init__.py": "", "pkg/alloc.py": _HELPERS, "pkg/user.py": user}
+    return [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # a literal mapping whose keys name the gate cache, in a dtype not provably float32
+        (
+            "def f(dtype):\n    return alloc_rings({'d_cache': (2,), 'g_cache': (2,)}, dtype)\n",
+            [(5, "RL006")],
+        ),
+        # the gate key added to a spread of other shapes
+        (
+            "def f(shapes, dtype):\n    return alloc_rings({**shapes, 'g_cache': (2,)}, dtype)\n",
+            [(5, "RL006")],
+        ),
+        # through a local, passed by keyword
+        (
+            "def f(dtype):\n    shapes = {'k_cache': (1,), 'g_cache': (1,)}\n"
+            "    return alloc_rings(dtype=dtype, shapes=shapes)\n",
+            [(6, "RL006")],
+        ),
+        # the helper's own default dtype (bfloat16), keys iterated directly
+        ("def f():\n    return alloc_like(('d_cache', 'g_cache'), (2,))\n", []),
+        ("def f():\n    return alloc_like({'d_cache': 1, 'g_cache': 2}, (2,))\n", [(5, "RL006")]),
+        # float32 for everything, or no gate key: nothing to report
+        ("def f():\n    return alloc_rings({'g_cache': (2,)}, torch.float32)\n", []),
+        ("def f(dtype):\n    return alloc_rings({'d_cache': (2,), 'k_cache': (2,)}, dtype)\n", []),
+        (
+            "def f(shapes, dtype):\n"
+            "    return alloc_rings({k: shapes[k] for k in ('d_cache', 'k_cache')}, dtype)\n",
+            [],
+        ),
+        # keys the analysis cannot read are not guessed
+        ("def f(shapes, dtype):\n    return alloc_rings(shapes, dtype)\n", []),
+        # no dtype in the helper: the default dtype decides (RL003's question, not this one)
+        ("def f():\n    return alloc_default({'g_cache': (2,)})\n", []),
+    ],
+)
+def test_a_per_key_helper_of_another_module(
+    tmp_path: Path, body: str, expected: list[tuple[int, str]]
+) -> None:
+    assert _rows(tmp_path, body) == expected
+
+
+def test_the_mapping_of_an_attribute_and_a_method_of_the_module(tmp_path: Path) -> None:
+    body = """
+def cache_shapes(n):
+    return {"d_cache": (n,), "k_cache": (n,), "g_cache": (n,)}
+
+
+class Spec:
+    def shapes(self):
+        return {"d_cache": (1,), "g_cache": (1,)}
+
+
+class Pool:
+    def __init__(self, spec: Spec, n, dtype):
+        self.spec, self.dtype = spec, dtype
+        self.shapes = cache_shapes(n)
+
+    def allocate(self):
+        for name, t in alloc_rings(self.shapes, self.dtype).items():
+            setattr(self, name, t)
+
+    def spare(self):
+        return [alloc_rings(self.spec.shapes(), dtype=self.dtype) for _ in range(2)]
+"""
+    assert _rows(tmp_path, body) == [(20, "RL006"), (24, "RL006")]
+
+
+def test_a_helper_of_the_same_module() -> None:
+    source = """
+import torch
+
+
+def _alloc(shapes, dtype=torch.bfloat16):
+    return {n: torch.empty(s, dtype=dtype) for n, s in shapes.items()}
+
+
+def good(dtype):
+    rings = _alloc({"d_cache": (1,), "k_cache": (1,)}, dtype)
+    rings.update(_alloc({"g_cache": (1,)}, torch.float32))
+    return rings
+
+
+def bad():
+    return _alloc({"d_cache": (1,), "g_cache": (1,)})
+"""
+    findings = Linter().check(source)
+    assert [(f.code, f.location.row) for f in findings] == [("RL006", 16)]
+    message = findings[0].message
+    assert "`_alloc` (line 5)" in message
+    assert "`torch.bfloat16`" in message
+    assert findings[0].fix is None  # the helper serves callers without a gate cache too
+
+
+def test_the_message_names_the_helper_and_the_passed_dtype(tmp_path: Path) -> None:
+    user = (
+        "from .alloc import alloc_rings\n\n"
+        "def f(dtype):\n    return alloc_rings({'d_cache': 1, 'g_cache': 2}, dtype)\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/alloc.py": _HELPERS, "pkg/user.py": user}
+    (finding,) = lint_in_project(tmp_path, files, "pkg/user.py")
+    assert "pkg/alloc.py:4), which gives every entry of" in finding.message
+    assert "the dtype this call passes, `dtype`" in finding.message
+
+
+def test_the_summary_of_a_per_key_comprehension() -> None:
+    summary = summarise(_HELPERS)
+    assert summary is not None
+    result = summary["names"]["alloc_rings"][3]
+    assert result[0] == "per_key"
+    assert result[1] == ["param", "shapes"]
+    assert result[2][0] == "call"
+    assert result[2][2] == [["loop", "value"]]
+    assert ["dtype", ["param", "dtype"]] in result[2][3]
+    filtered = "def f(m):\n    return {k: v for k, v in m.items() if k}\n"
+    assert summarise(filtered)["names"]["f"][3] == ["unknown"]  # type: ignore[index]
