@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import libcst as cst
 
@@ -47,6 +48,9 @@ class ModuleIndex:
         self._next: dict[int, cst.BaseStatement] | None = None
         self._unassigned: dict[str, bool] = {}
         self._upcast: dict[int, frozenset[str]] = {}
+        self.memo: dict[tuple[str, int], Any] = {}
+        """Answers to module-wide questions other analyses ask many times (the module's
+        classes, what a class's methods assign), keyed by the question and a node's id."""
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """Fully resolved dotted names of ``node`` (``th.zeros`` -> ``{"torch.zeros"}``).

@@ -101,6 +101,16 @@ class ModuleClasses:
 
 
 def module_classes(prov: Provenance) -> ModuleClasses:
+    """The module's classes, found once per module."""
+    key = ("module_classes", 0)
+    found = prov.index.memo.get(key)
+    if found is None:
+        found = prov.index.memo[key] = _module_classes(prov)
+    assert isinstance(found, ModuleClasses)
+    return found
+
+
+def _module_classes(prov: Provenance) -> ModuleClasses:
     by_name: dict[str, cst.ClassDef] = {}
     scopes: dict[int, tuple[ScopeNode, ...]] = {}
     stack: list[tuple[cst.CSTNode, tuple[ScopeNode, ...]]] = [(prov.index.module, ())]

@@ -28,7 +28,7 @@ from replaylint.lint.dataflow.imported import (
     Unknown,
     as_value,
 )
-from replaylint.lint.dataflow.instances import attribute_values, instance_classes, module_classes
+from replaylint.lint.dataflow.instances import ModuleClasses, attribute_values, instance_classes
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.torch_api import POSITIONAL_DTYPE, TORCH_FACTORIES
@@ -265,9 +265,26 @@ def _self_attribute(
     owner = site.enclosing_class()
     if owner is None:
         return
-    for attribute, value, value_site in attribute_values(module_classes(prov), owner):
-        if attribute == expr.attr.value:
-            yield value, value_site
+    key = ("assigned_attributes", id(owner))
+    assigned = prov.index.memo.get(key)
+    if assigned is None:
+        assigned = prov.index.memo[key] = {}
+        for attribute, value, value_site in attribute_values(_classes(prov, site), owner):
+            assigned.setdefault(attribute, []).append((value, value_site))
+    yield from assigned.get(expr.attr.value, ())
+
+
+def _classes(prov: Provenance, site: Site) -> ModuleClasses:
+    """The module's top-level classes and the class of ``site``: enough for the attributes of
+    ``self`` and the classes of its values, without a walk of the whole module."""
+    module = prov.index.module
+    top = [s for s in module.body if isinstance(s, cst.ClassDef)]
+    by_name = {cls.name.value: cls for cls in reversed(top)}  # the first definition wins
+    scopes: dict[int, tuple[ScopeNode, ...]] = {id(cls): (module, cls) for cls in top}
+    owner = site.enclosing_class()
+    if owner is not None:
+        scopes[id(owner)] = site.scopes[:-1]
+    return ModuleClasses(by_name, scopes)
 
 
 def _returned(
@@ -283,7 +300,7 @@ def _returned(
     func = call.func
     if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute)):
         return
-    classes = module_classes(prov)
+    classes = _classes(prov, site)
     for value, value_site in _self_attribute(prov, func.value, site):
         for name in instance_classes(prov, classes, value, value_site) or ():
             cls = classes.by_name.get(name)

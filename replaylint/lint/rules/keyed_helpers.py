@@ -22,11 +22,12 @@ def keyed_helper_finding(
     context: FileContext, prov: Provenance, call: cst.Call, site: Site
 ) -> HelperFinding | None:
     """What to report for ``call``, when it is such a call."""
+    if not any(_gate_keys(context, prov, arg.value, site) for arg in call.args if not arg.star):
+        return None  # first the cheap question, which almost every call answers no
     found = keyed_allocation(prov, call, site)
     if found is None:
         return None
-    keys = known_keys(prov, found.mapping, found.mapping_site)
-    gates = sorted(k for k in keys if context.gate_caches.matches(k))
+    gates = _gate_keys(context, prov, found.mapping, found.mapping_site)
     if not gates or (found.dtypes and all(f.is_float32 for f in found.dtypes)):
         return None
     module = context.module
@@ -50,3 +51,11 @@ def keyed_helper_finding(
         f"cache on its own as float32 ({WHY})",
         None,
     )
+
+
+def _gate_keys(
+    context: FileContext, prov: Provenance, mapping: cst.BaseExpression, site: Site
+) -> list[str]:
+    if not isinstance(mapping, (cst.Dict, cst.DictComp, cst.Name, cst.Attribute, cst.Call)):
+        return []
+    return sorted(k for k in known_keys(prov, mapping, site) if context.gate_caches.matches(k))
