@@ -6,7 +6,9 @@ but a policy: whoever allocates the rings from it gives the gate ring the dtype 
 its gate-cache entry is then judged as an allocation's dtype would be (float32, a non-float32
 literal, or a dtype that is not provably float32), and the fix sets the entry to float32.
 A setting named for the gate cache's dtype (``gate_dtype: torch.dtype = torch.bfloat16``) is the
-same policy in one name: :func:`named_gate_dtype` says when it holds a non-float32 literal.
+same policy in one name: :func:`named_gate_dtype` says when it holds a non-float32 literal, and
+:func:`borrowed_gate_dtype` when it is given the dtype of another setting (``gate_dtype =
+self.dtype``, ``gate_dtype=args.cache_dtype``, ``TABLE.get(flag, self.dtype)``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,67 @@ def named_gate_dtype(
     if not literals or None in literals or not narrower or not literals <= _FLOATING:
         return None
     return name, narrower
+
+
+# settings whose dtype is float32 by their role: the checkpoint state, accumulators, master weights
+_FLOAT32_ROLES = frozenset({"state", "ssm", "acc", "accum", "master", "fp32", "float32", "f32"})
+# words of a gate's own dtype setting, however qualified
+_GATE_WORDS = frozenset({"gate", "g", "decay", "alpha", "forget"})
+
+
+def borrowed_gate_dtype(
+    prov: Provenance,
+    target: cst.CSTNode | None,
+    value: cst.BaseExpression | None,
+    site: Site,
+) -> tuple[str, cst.BaseExpression] | None:
+    """``(name, borrowed)`` when ``target = value`` sets a dtype named for the gate cache to
+    ``borrowed``, the dtype of another setting (``self.dtype``, ``cache_dtype``; also as the
+    fallback of ``.get(key, fallback)``, a branch of a conditional or of ``or``), which is not
+    provably float32; None otherwise."""
+    if value is None or not isinstance(target, (cst.Name, cst.Attribute)):
+        return None
+    name = binding_name(target)
+    if name is None or not prov.index.gate_caches.names_gate_dtype(name):
+        return None
+    for borrowed in _choices(value):
+        other = binding_name(borrowed) if isinstance(borrowed, (cst.Name, cst.Attribute)) else None
+        if other is None or other == name or not _names_a_dtype(prov, other):
+            continue
+        facts = prov.dtype_facts(borrowed, site)
+        if facts and not all(f.is_float32 for f in facts):
+            return name, borrowed
+    return None
+
+
+def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The expressions ``value`` may evaluate to, as far as a dtype setting goes."""
+    if isinstance(value, cst.IfExp):
+        return [*_choices(value.body), *_choices(value.orelse)]
+    if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or):
+        return [*_choices(value.left), *_choices(value.right)]
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "get"
+        and len(value.args) == 2
+        and not any(arg.star or arg.keyword for arg in value.args)
+    ):
+        return _choices(value.args[1].value)  # the fallback of a table lookup
+    return [value]
+
+
+def _names_a_dtype(prov: Provenance, name: str) -> bool:
+    """``dtype``, ``cache_dtype``, ``self.torch_dtype``: a dtype setting not for the gate cache,
+    nor one float32 by its role (``state_dtype``)."""
+    core = name.lower().lstrip("_")
+    if core != "dtype" and not core.endswith("_dtype"):
+        return False
+    words = set(core.split("_"))
+    if words & (_FLOAT32_ROLES | _GATE_WORDS):
+        return False  # float32 by its role, or a gate's own setting (`replay_gate_dtype`)
+    names = prov.index.gate_caches
+    return not names.names_gate_dtype(name) and not names.matches(core.removesuffix("_dtype"))
 
 
 def looked_up_by(fact: TensorFact, target: cst.BaseExpression) -> bool:

@@ -32,6 +32,7 @@ _RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 
 # words that name the gate ring in a dtype setting (`gate_dtype`, `g_dtype`, `gate_ring_dtype`)
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
+_GATE_RING_WORDS = frozenset({"gate_ring", "g_ring", "log_decay"})
 
 
 # how the reasons of names guessed from their neighbours begin
@@ -119,7 +120,11 @@ class GateCacheNames:
         if not core.endswith("_dtype"):
             return False
         prefix = core[: -len("_dtype")]
-        return prefix in GATE_DTYPE_WORDS or self.matches(prefix)
+        if prefix in GATE_DTYPE_WORDS or self.matches(prefix):
+            return True
+        # `ring_log_decay_dtype`: a qualifier before a word only the gate ring goes by (not
+        # `gate` alone: `wkv_gate_dtype`, `moe_gate_dtype` are other gates)
+        return any(prefix.endswith(f"_{word}") for word in _GATE_RING_WORDS)
 
     def is_plural(self, name: str) -> bool:
         """Whether ``name`` matches only as a plural (``g_caches``: a collection of rings)."""

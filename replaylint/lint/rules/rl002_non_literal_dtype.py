@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from replaylint.lint.dataflow.facts import Kind
+import libcst as cst
+
+from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
+from replaylint.lint.dataflow.facts import Kind, SetDtype
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -14,6 +18,7 @@ from replaylint.lint.rules.wording import (
     reported_at,
     through,
 )
+from replaylint.lint.syntax.nodes import one_line
 
 
 class NonLiteralDtype(Rule):
@@ -32,6 +37,12 @@ the model just drifts. This rule follows the dtype inside the function: a local 
 `torch.float32` is fine, a conditional whose branches are all float32 is fine, `x.dtype` of a
 tensor known to be float32 is fine. A local bound to a literal such as `torch.bfloat16` is
 reported by RL001 instead (it is then an explicit dtype), so one allocation never gets both codes.
+
+A setting named for the gate cache's dtype (`gate_dtype`, `log_decay_dtype`, `gate_ring_dtype`)
+that is given the dtype of another setting — `self.log_decay_dtype = self.dtype`,
+`Config(gate_dtype=args.cache_dtype)`, the fallback of `DTYPES.get(flag, self.dtype)` or of
+`gate_dtype or dtype` — is reported where it is set, when that dtype is not provably float32. A
+setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here.
 
 In a run over a project, a dtype imported from another module of the project is followed to its
 definition (constants, aliases, re-exports, functions, string tables, class constants and
@@ -52,10 +63,23 @@ deliberately keeps a float64 gate ring for a reference computation should say so
 `# noqa: RL002`.)
 """
         + FIX_SAFETY
+        + """
+A gate-dtype setting given another setting's dtype is made `torch.float32` where it is set; that
+fix is **unsafe**: whatever else reads the setting sees float32 too.
+"""
     )
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        Valid(
+            """
+            import torch
+
+            def cache_config(args, gate_dtype=torch.float32):
+                # the state is float32 by its role; a gate dtype passed on is judged where it is set
+                return dict(ring_dtype=args.dtype, gate_dtype=gate_dtype, state_dtype=args.state_dtype)
+            """
+        ),
         Valid(
             """
             import torch
@@ -208,6 +232,25 @@ deliberately keeps a float64 gate ring for a reference computation should say so
         Invalid(
             """
             import torch
+
+            class ReplaySpec:
+                def __init__(self, dtype, log_decay_dtype=None):
+                    self.dtype = dtype
+                    self.log_decay_dtype = log_decay_dtype or self.dtype
+            """,
+            expected_fix="""
+            import torch
+
+            class ReplaySpec:
+                def __init__(self, dtype, log_decay_dtype=None):
+                    self.dtype = dtype
+                    self.log_decay_dtype = log_decay_dtype or torch.float32
+            """,
+            message_contains="`log_decay_dtype`, named for the gate cache's dtype, is set to `self.dtype`",
+        ),
+        Invalid(
+            """
+            import torch
             ring_dtype = conv_dtype if spec else ssm_dtype
             replayssm_g = torch.zeros(size=g_shape, dtype=ring_dtype, device=device)
             """,
@@ -354,11 +397,38 @@ deliberately keeps a float64 gate ring for a reference computation should say so
                 @classmethod
                 def from_config(cls, config, shape):
                     # reported here: the class is right to take a gate dtype, this call is not
-                    return cls(shape, config.dtype, gate_dtype=config.dtype)
+                    return cls(shape, config.dtype, gate_dtype=torch.float32)
             """,
             message_contains="a parameter that the call at line 11 passes as `config.dtype`",
         ),
     )
+
+    # -------------------------------------- a gate-dtype setting given another setting's dtype
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1:
+            self._borrowed(node.targets[0].target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._borrowed(node.target, node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        self._borrowed(node.keyword, node.value)
+
+    def _borrowed(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
+        site = self.site()
+        found = borrowed_gate_dtype(self.provenance, target, value, site)
+        if found is None:
+            return
+        name, borrowed = found
+        made = self.context.spelling.edits_for(SetDtype(borrowed), site)
+        fix = made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
+        self.report(
+            borrowed,
+            f"`{name}`, named for the gate cache's dtype, is set to "
+            f"`{one_line(self.context.module, borrowed)}`, the dtype of another setting, which is "
+            f"not provably float32; {WHY}",
+            fix=fix,
+        )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):

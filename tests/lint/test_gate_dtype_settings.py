@@ -1,0 +1,71 @@
+"""Settings named for the gate cache's dtype that are given the dtype of another setting
+(RL002), and which names count as such settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.names import GateCacheNames
+
+
+def _codes(body: str) -> list[tuple[str, int]]:
+    return [(f.code, f.location.row) for f in Linter().check(f"import torch\n\n{body}")]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("def f(self):\n    self.log_decay_dtype = self.dtype\n", [("RL002", 4)]),
+        ("def f(args):\n    return Spec(gate_dtype=args.cache_dtype)\n", [("RL002", 4)]),
+        ("def f(x, dtype):\n    x.gate_ring_dtype = DTYPES.get(x.flag, dtype)\n", [("RL002", 4)]),
+        ("def f(g_dtype, dtype):\n    g_dtype = g_dtype if g_dtype else dtype\n", [("RL002", 4)]),
+        # the gate's own setting passed on, a float32 fallback, a float32-by-role setting
+        ("def f(gate_dtype):\n    return Spec(gate_dtype=gate_dtype)\n", []),
+        ("def f(x):\n    x.gate_dtype = DTYPES.get(x.flag, torch.float32)\n", []),
+        ("def f(args):\n    return Spec(gate_dtype=args.state_dtype)\n", []),
+        ("def f(args):\n    return Spec(gate_dtype=args.acc_dtype)\n", []),
+        ("def f(self):\n    gate_dtype = self.config.replay_gate_dtype\n", []),
+        # a known float32 value of another name is float32
+        ("def f():\n    dtype = torch.float32\n    return Spec(gate_dtype=dtype)\n", []),
+        # a call is no setting: what it returns is judged by the rules of allocations
+        ("def f(args):\n    return Spec(gate_dtype=pick(args.dtype))\n", []),
+        # the d and k rings' settings may borrow the model dtype
+        ("def f(args):\n    return Spec(ring_dtype=args.dtype, k_dtype=args.dtype)\n", []),
+    ],
+)
+def test_a_gate_dtype_setting_given_another_settings_dtype(
+    body: str, expected: list[tuple[str, int]]
+) -> None:
+    assert _codes(body) == expected
+
+
+def test_the_fix_makes_the_setting_float32() -> None:
+    source = "import torch\n\ndef f(args):\n    return Spec(gate_dtype=args.cache_dtype)\n"
+    (finding,) = Linter().check(source)
+    assert "the dtype of another setting" in finding.message
+    assert finding.fix is not None
+    fixed = Linter().fix(source, unsafe=True)
+    assert "Spec(gate_dtype=torch.float32)" in fixed.source
+    assert not fixed.remaining
+
+
+@pytest.mark.parametrize(
+    ("name", "names_it"),
+    [
+        ("gate_dtype", True),
+        ("g_dtype", True),
+        ("log_decay_dtype", True),
+        ("gate_ring_dtype", True),
+        ("ring_log_decay_dtype", True),
+        ("replay_gate_ring_dtype", True),
+        ("wkv_gate_dtype", False),  # another kind of gate
+        ("moe_gate_dtype", False),
+        ("ring_dtype", False),
+        ("cache_dtype", False),
+        ("ring_g_dtype", False),
+        ("GATE_DTYPE", False),
+    ],
+)
+def test_which_names_are_gate_dtype_settings(name: str, names_it: bool) -> None:
+    assert GateCacheNames().names_gate_dtype(name) is names_it
