@@ -12,7 +12,7 @@ assigns anywhere (``rings.g = x``), is not read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import libcst as cst
 
@@ -108,10 +108,38 @@ def _field_value(
     return None
 
 
+def positional_fields(
+    prov: Provenance, call: cst.Call, site: Site
+) -> list[tuple[str, bool]] | None:
+    """``(field, has a default)`` for each positional field of the record class ``call``
+    constructs (defined in the module or another module of the project); None otherwise."""
+    func = call.func
+    cls = _record_class(prov, func.value) if isinstance(func, cst.Name) else None
+    if cls is not None:
+        fields = record_fields(cls)
+        return None if fields is None else [(name, d is not None) for name, d in fields]
+    found = _imported_class(prov, call, site, {})
+    if found is None:
+        return None
+    members, names = found
+    return [(name, members[name][2:3] != [["required"]]) for name in names]
+
+
 def _imported_fields(prov: Provenance, call: cst.Call, site: Site, env: Env) -> list[str] | None:
     """The positional fields of the record class another module of the project defines and
     ``call`` constructs; None for anything else."""
-    if prov.project is None or any(arg.star for arg in call.args):
+    if any(arg.star for arg in call.args):
+        return None
+    found = _imported_class(prov, call, site, env)
+    return None if found is None else found[1]
+
+
+def _imported_class(
+    prov: Provenance, call: cst.Call, site: Site, env: Env
+) -> tuple[dict[str, Any], list[str]] | None:
+    """The members and positional fields of the record class of another module ``call``
+    constructs."""
+    if prov.project is None:
         return None
     try:
         value = imported.as_value(prov, call.func, site, env)
@@ -130,7 +158,7 @@ def _imported_fields(prov: Provenance, call: cst.Call, site: Site, env: Env) -> 
         return None  # an own `__init__` may fill the fields otherwise
     if any(members.get(name, ["unknown"])[0] != "field" for name in fields):
         return None
-    return [str(name) for name in fields]
+    return members, [str(name) for name in fields]
 
 
 def _passed(

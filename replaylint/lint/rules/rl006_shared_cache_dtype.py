@@ -25,17 +25,13 @@ from replaylint.lint.rules.loop_treatment import (
     loop_treatment,
     shared_treatment,
 )
-from replaylint.lint.rules.shared_helpers import SharedHelpers
-from replaylint.lint.rules.wording import (
-    WHY,
-    made_how,
-    named_gate_cache,
-)
+from replaylint.lint.rules.record_spreads import spread_record_findings
+from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
+from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
 from replaylint.lint.syntax.nodes import (
     binding_name,
     comprehension_in,
     getattr_name,
-    keyword_arg,
     method_name,
     one_line,
     positional_args,
@@ -83,7 +79,8 @@ A helper that allocates one tensor per key of the mapping it is given, all in on
 (`{name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}`, defined in this
 module or another module of the project), is reported at each call whose mapping has a gate-cache
 key (a literal, `{**shapes, "g_cache": shape}`, a local or attribute bound to one, a function or
-method of the module returning one).
+method of the module returning one). So is a record whose fields, the gate cache's among them, are
+filled from one `*` comprehension (`Rings(*(torch.zeros(s, dtype=dtype) for s in shapes))`).
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
@@ -391,8 +388,10 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         self._loops.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
-        found = keyed_helper_finding(self.context, self.provenance, node, self.site())
-        if found is not None:
+        site = self.site()
+        keyed = keyed_helper_finding(self.context, self.provenance, node, site)
+        spread = spread_record_findings(self.context, self.provenance, node, site)
+        for found in [*([keyed] if keyed else []), *spread]:
             self.report(found.node, found.message, fix=found.fix)
         if not self._loops:
             return
@@ -581,16 +580,9 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
     def check_binding(self, binding: GateCacheBinding) -> None:
         if binding.element is not None:
             return  # `d, k, g = helper(...)`: checked per element where the tuple is unpacked
-        value = binding.value
-        while (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value in {"contiguous", "cuda", "to"}
-            and not (keyword_arg(value, "dtype") or positional_args(value)[1:])
-        ):
-            value = value.func.value
-        if isinstance(value, cst.Call):
-            self._check_helper(value, self.subject(binding), binding.site, None)
+        call = helper_call(binding.value)
+        if call is not None:
+            self._check_helper(call, self.subject(binding), binding.site, None)
 
     def _check_helper(self, call: cst.Call, subject: str, site: Site, position: int | None) -> None:
         if self._helpers is None:

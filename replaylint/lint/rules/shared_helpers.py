@@ -30,6 +30,19 @@ from replaylint.lint.syntax.nodes import (
 from replaylint.lint.syntax.sites import Site
 
 
+def helper_call(value: cst.BaseExpression) -> cst.Call | None:
+    """The call under moves that keep its result's dtype (``.contiguous()``, ``.cuda()``,
+    ``.to(device)``): the helper call that made the gate cache, if any."""
+    while (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in {"contiguous", "cuda", "to"}
+        and not (keyword_arg(value, "dtype") or positional_args(value)[1:])
+    ):
+        value = value.func.value
+    return value if isinstance(value, cst.Call) else None
+
+
 class HelperFinding(NamedTuple):
     node: cst.CSTNode
     message: str
