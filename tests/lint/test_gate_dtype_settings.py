@@ -69,3 +69,12 @@ def test_the_fix_makes_the_setting_float32() -> None:
 )
 def test_which_names_are_gate_dtype_settings(name: str, names_it: bool) -> None:
     assert GateCacheNames().names_gate_dtype(name) is names_it
+
+
+@pytest.mark.parametrize("setting_first", [True, False])
+def test_one_finding_for_a_setting_that_reaches_the_gate_ring(setting_first: bool) -> None:
+    setting = "def for_model(config, shape):\n    gate_dtype = config.dtype\n    return make(shape, gate_dtype)\n"
+    helper = "def make(shape, gate_dtype):\n    return {'g_cache': torch.zeros(shape, dtype=gate_dtype)}\n"
+    body = setting + "\n" + helper if setting_first else helper + "\n" + setting
+    findings = _codes(body)
+    assert [code for code, _ in findings] == ["RL002"]

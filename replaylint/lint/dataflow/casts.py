@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 
 _RING_NAME = re.compile(r"(?:^|_)(?:ring|cache|buffer|buf)s?$", re.IGNORECASE)
+# names of a tensor passed for its dtype and device: `ref`, `other`, `weight_ref`, `like`
+_REFERENCE_NAME = re.compile(r"(?:^|_)(?:ref|reference|other|like|template)$", re.IGNORECASE)
 
 
 def to_facts(
@@ -236,6 +238,8 @@ def to_argument_role(
         names = prov.index.qualified_names(expr.func)
         if "torch.device" in names:
             return "device"
+        if _first_parameter(expr):
+            return "tensor"
         if as_allocation(prov.index, expr) is not None:
             return "tensor"
         # a helper named for what it returns: `str_dtype_to_torch(cfg.dtype)`, `get_device()`
@@ -256,6 +260,8 @@ def to_argument_role(
             return "device"
         if prov.index.gate_caches.matches(name) or _RING_NAME.search(name):
             return "tensor"  # a ring (`d_cache`, `self.k_ring`): no dtype or device is named so
+        if _REFERENCE_NAME.search(name):
+            return "tensor"  # `x.to(ref)`, `x.to(other)`: a tensor whose dtype and device it takes
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site, env) or []
         for binding, binding_site in found:
@@ -270,6 +276,25 @@ def to_argument_role(
                     return role
         return "unknown"
     return "unknown"
+
+
+def _first_parameter(call: cst.Call) -> bool:
+    """``next(model.parameters())``, ``next(iter(model.parameters()))``: a tensor of a model."""
+    if not (isinstance(call.func, cst.Name) and call.func.value == "next" and len(call.args) == 1):
+        return False
+    inner = call.args[0].value
+    if (
+        isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Name)
+        and inner.func.value == "iter"
+        and len(inner.args) == 1
+    ):
+        inner = inner.args[0].value
+    return (
+        isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Attribute)
+        and inner.func.attr.value in {"parameters", "buffers"}
+    )
 
 
 def _dtype_table_entry(prov: Provenance, expr: cst.Subscript, site: Site, env: Env) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind, SetDtype
 from replaylint.lint.fixes.drafts import FixDraft
@@ -403,6 +404,10 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
         ),
     )
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._settings: list[cst.CSTNode] = []  # statements of reported gate-dtype settings
+
     # -------------------------------------- a gate-dtype setting given another setting's dtype
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) == 1:
@@ -420,6 +425,12 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
         if found is None:
             return
         name, borrowed = found
+        statement = site.statement
+        if statement is not None:
+            within = self.provenance.within
+            if any(d.code == self.CODE and within(d.node, statement) for d in self.context.drafts):
+                return  # the parameter this setting reaches is reported on its line already
+            self._settings.append(statement)
         made = self.context.spelling.edits_for(SetDtype(borrowed), site)
         fix = made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
         self.report(
@@ -429,6 +440,10 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             f"not provably float32; {WHY}",
             fix=fix,
         )
+
+    def _in_reported_setting(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` is in the statement of a gate-dtype setting reported already."""
+        return any(self.provenance.within(node, statement) for statement in self._settings)
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
@@ -440,8 +455,11 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             fix = self.fix_for(
                 binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
+            at = reported_at(fact)
+            if self._in_reported_setting(at):
+                continue  # reported as the gate-dtype setting that borrowed this dtype
             self.report(
-                reported_at(fact),
+                at,
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
                 f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
