@@ -315,3 +315,26 @@ def test_a_loop_over_a_class_constant_of_ring_names_shares_one_dtype() -> None:
     """
     # only the loop whose names include the gate cache gives it the shared dtype
     assert _findings(source) == [(10, "RL006")]
+
+
+@pytest.mark.parametrize(
+    ("cast", "expected"),
+    [
+        # a tensor passed for its dtype and device, named or made so
+        ("self.g_cache.to(ref)", [(4, "RL004")]),
+        ("self.g_cache.to(other)", [(4, "RL004")]),
+        ("self.g_cache.to(next(model.parameters()))", [(4, "RL004")]),
+        ("self.g_cache.to(next(iter(model.buffers())))", [(4, "RL004")]),
+        # a device keeps the dtype
+        ("self.g_cache.to(ref_device)", []),
+        ("self.g_cache.to(device)", []),
+    ],
+)
+def test_to_a_reference_tensor_takes_its_dtype(cast: str, expected: list[tuple[int, str]]) -> None:
+    source = f"""
+        import torch
+
+        def move(self, ref, other, model, ref_device, device):
+            self.g_cache = {cast}
+        """
+    assert _findings(source) == expected

@@ -102,3 +102,21 @@ def test_a_record_class_of_another_module(tmp_path: Path) -> None:
     assert [(f.code, f.location.row) for f in findings] == [("RL006", 5)]
     assert "`Layer.g_cache`" in findings[0].message
     assert "the same cast" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("dtypes = {name: compute_dtype(device) for name in RINGS}", [("RL006", 4)]),
+        (
+            "dtypes = {n: torch.float32 if n == 'state' else self.dtype for n in RINGS}",
+            [("RL006", 4)],
+        ),
+        ("dtypes = {n: torch.float32 if n == 'g_cache' else self.dtype for n in RINGS}", []),
+        ("dtypes = {n: t.dtype for n, t in zip(RINGS, rings)}", []),
+        ("dtypes = {n: self.dtype for n in RINGS[:2]}", []),
+    ],
+)
+def test_a_dtype_table_built_by_a_comprehension(line: str, expected: list[tuple[str, int]]) -> None:
+    source = f"RINGS = ('d_cache', 'k_cache', 'g_cache', 'state')\n\ndef f(self, device, rings):\n    {line}\n"
+    assert [(f.code, f.location.row) for f in Linter().check(source)] == expected

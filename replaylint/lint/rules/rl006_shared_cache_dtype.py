@@ -18,6 +18,7 @@ from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
 from replaylint.lint.rules.keyed_helpers import keyed_helper_finding
 from replaylint.lint.rules.loop_treatment import (
     before_loop_fix,
@@ -422,6 +423,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         for_in = node.for_in
         loop = _Loop(node, for_in.target, for_in.iter, self.site(), "comprehension", for_in.ifs)
         self._keyed(node.key, node.value, [loop], filled_local(node, self.site()))
+        if found := dtype_table_finding(self.context, self.provenance, node, self.site()):
+            self.report(found.node, found.message, fix=found.fix)
 
     def visit_ListComp(self, node: cst.ListComp) -> None:
         self._comprehension(node)
