@@ -125,9 +125,7 @@ def _module_helper(
 
 def _project_helper(prov: Provenance, call: cst.Call, site: Site) -> KeyedAllocation | None:
     assert prov.project is not None
-    if isinstance(call.func, cst.Name) and not _imported(prov, call.func, site):
-        return None
-    value = as_value(prov, call, site, NO_ENV)
+    value = as_value(prov, call, site, NO_ENV)  # None unless the callee reads an import
     if value is None:
         return None
     evaluation = Evaluation(prov, call)
@@ -162,11 +160,6 @@ def _project_helper(prov: Provenance, call: cst.Call, site: Site) -> KeyedAlloca
         return None
     facts = tuple(evaluation.dtypes(dtype, inner))
     return KeyedAllocation(mapping.expr, mapping.site, facts, None, defined)
-
-
-def _imported(prov: Provenance, name: cst.Name, site: Site) -> bool:
-    found = prov.lookup(name.value, site)
-    return bool(found) and all(binding.kind == "import" for binding, _ in found or ())
 
 
 def _per_key(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:

@@ -21,7 +21,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.callables import element_facts
 from replaylint.lint.dataflow.dtype_tables import table_entry_facts
-from replaylint.lint.dataflow.facts import CastValue, Float32Target, TensorFact
+from replaylint.lint.dataflow.facts import CastValue, Float32Target, SetDtype, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.float32 import Float32Edits
@@ -146,6 +146,12 @@ class Rule(Visitor):
     def float32(self, site: Site | None = None) -> str:
         """``torch.float32`` as this module spells it at ``site`` (default: where we are)."""
         return self.context.spelling.float32_at(site or self.site())
+
+    def setting_fix(self, value: cst.BaseExpression, site: Site) -> FixDraft | None:
+        """The unsafe fix that makes a dtype setting's ``value`` float32 where it is written
+        (unsafe: whatever else reads the setting sees float32 too)."""
+        made = self.context.spelling.edits_for(SetDtype(value), site)
+        return made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
 
     def fix_for(
         self,

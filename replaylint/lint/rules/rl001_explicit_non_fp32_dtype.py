@@ -5,8 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.dataflow.dtype_tables import named_gate_dtype
-from replaylint.lint.dataflow.facts import Kind, SetDtype
-from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -578,8 +577,7 @@ checked.
         if found is None or value is None:
             return
         name, narrower = found
-        made = self.context.spelling.edits_for(SetDtype(value), site)
-        fix = made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
+        fix = self.setting_fix(value, site)
         self.report(
             value,
             f"`{name}`, named for the gate cache's dtype, is set to {literal_names(narrower)}; {WHY}",

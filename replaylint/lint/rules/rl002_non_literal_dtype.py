@@ -6,8 +6,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
-from replaylint.lint.dataflow.facts import Kind, SetDtype
-from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -431,8 +430,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             if any(d.code == self.CODE and within(d.node, statement) for d in self.context.drafts):
                 return  # the parameter this setting reaches is reported on its line already
             self._settings.append(statement)
-        made = self.context.spelling.edits_for(SetDtype(borrowed), site)
-        fix = made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
+        fix = self.setting_fix(borrowed, site)
         self.report(
             borrowed,
             f"`{name}`, named for the gate cache's dtype, is set to "
