@@ -78,3 +78,43 @@ def test_one_finding_for_a_setting_that_reaches_the_gate_ring(setting_first: boo
     body = setting + "\n" + helper if setting_first else helper + "\n" + setting
     findings = _codes(body)
     assert [code for code, _ in findings] == ["RL002"]
+
+
+_SPEC = (
+    "from typing import NamedTuple\n\n"
+    "class Spec(NamedTuple):\n"
+    "    slots: int\n"
+    "    gate_dtype: torch.dtype = {default}\n\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("tail", "default", "expected"),
+    [
+        # the module declares the setting once, with a literal default: RL001 judges that line
+        ("", "torch.float32", []),
+        ("", "torch.bfloat16", [("RL001", 7)]),
+        # assigned somewhere: what it holds at the allocation is not the declaration's
+        (
+            "def tune(spec, dtype):\n    spec.gate_dtype = dtype\n",
+            "torch.float32",
+            [("RL002", 10), ("RL002", 14)],
+        ),
+        # a default that is not a literal dtype: the allocation is judged too
+        ("", "DEFAULT_DTYPE", [("RL002", 7), ("RL002", 10)]),
+    ],
+)
+def test_a_ring_allocated_with_a_declared_gate_dtype_setting(
+    tail: str, default: str, expected: list[tuple[str, int]]
+) -> None:
+    body = _SPEC.format(default=default) + (
+        "def allocate(spec, shape):\n"
+        "    g_cache = torch.zeros(shape, dtype=spec.gate_dtype)\n"
+        "    return g_cache\n\n"
+    )
+    assert sorted(_codes(body + tail)) == expected
+
+
+def test_a_gate_dtype_setting_no_module_declares_is_judged_where_it_is_used() -> None:
+    body = "def allocate(spec, shape):\n    return {'g_cache': torch.zeros(shape, dtype=spec.gate_dtype)}\n"
+    assert _codes(body) == [("RL002", 4)]

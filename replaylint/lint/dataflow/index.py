@@ -120,15 +120,15 @@ class ModuleIndex:
             self._call_sites = _call_sites(self.module)
         return self._call_sites
 
-    def assigns_attribute(self, name: str) -> bool:
-        """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or sets
-        attributes by name (``setattr``), anywhere."""
+    def assigns_attribute(self, name: str, *, by_setattr: bool = True) -> bool:
+        """Whether the module assigns ``<anything>.<name>`` (``self.dtype = dtype``), or
+        (``by_setattr``) sets attributes by name (``setattr``), anywhere."""
         if self._assigned is None:
-            if self._never_assigned(name):
+            if self._never_assigned(name, by_setattr=by_setattr):
                 return False
             self._collect()
         assert self._assigned is not None
-        return name in self._assigned or "*" in self._assigned
+        return name in self._assigned or (by_setattr and "*" in self._assigned)
 
     def assigns_module_attribute(self, name: str) -> bool:
         """Whether the module may rebind the attribute ``name`` of a module object:
@@ -140,10 +140,13 @@ class ModuleIndex:
             self._collect()
         return name in self._module_assigned or "*" in self._module_assigned
 
-    def _never_assigned(self, name: str) -> bool:
-        """Whether the text rules out every assignment of ``<anything>.<name>`` and every
-        ``setattr``: a superset of what the walk finds, read without walking the tree."""
-        if self.source is None or not name.isidentifier() or "setattr" in self.source:
+    def _never_assigned(self, name: str, *, by_setattr: bool = True) -> bool:
+        """Whether the text rules out every assignment of ``<anything>.<name>`` (and, with
+        ``by_setattr``, every ``setattr``): a superset of what the walk finds, read without
+        walking the tree."""
+        if self.source is None or not name.isidentifier():
+            return False
+        if by_setattr and "setattr" in self.source:
             return False
         known = self._unassigned.get(name)
         if known is None:

@@ -423,9 +423,9 @@ def _class_constant(
     ):
         return None
     owner = site.enclosing_class()
-    name = expr.attr.value
-    if owner is None or prov.index.assigns_attribute(name):
+    if owner is None:
         return None
+    name = expr.attr.value
     values = [
         small.value
         for statement in (owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ())
@@ -436,4 +436,7 @@ def _class_constant(
         and isinstance(small.targets[0].target, cst.Name)
         and small.targets[0].target.value == name
     ]
-    return values[0] if len(values) == 1 else None
+    # the module-wide question walks the whole tree: ask it only of a class constant
+    if len(values) != 1 or prov.index.assigns_attribute(name):
+        return None
+    return values[0]

@@ -7,6 +7,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -42,7 +43,10 @@ A setting named for the gate cache's dtype (`gate_dtype`, `log_decay_dtype`, `ga
 that is given the dtype of another setting — `self.log_decay_dtype = self.dtype`,
 `Config(gate_dtype=args.cache_dtype)`, the fallback of `DTYPES.get(flag, self.dtype)` or of
 `gate_dtype or dtype` — is reported where it is set, when that dtype is not provably float32. A
-setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here.
+setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here. A
+ring allocated with such a setting (`dtype=spec.gate_dtype`) whose only declarations in the module
+are class fields with a literal dtype default, never reassigned, is judged at that declaration
+(RL001 reports a `torch.bfloat16` default there), not once more at every allocation.
 
 In a run over a project, a dtype imported from another module of the project is followed to its
 definition (constants, aliases, re-exports, functions, string tables, class constants and
@@ -183,6 +187,24 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
 
                 def reset(self):
                     self.g_cache.clear()
+            """
+        ),
+        Valid(
+            """
+            from typing import NamedTuple
+
+            import torch
+
+            class ReplaySpec(NamedTuple):
+                slots: int
+                dtype: torch.dtype = torch.bfloat16
+                gate_dtype: torch.dtype = torch.float32
+
+            def allocate(spec, shape):
+                # `spec` has no annotation, but the module declares `gate_dtype` once, as a
+                # field with a literal default that nothing reassigns: that line decides
+                g_cache = torch.zeros(shape, dtype=spec.gate_dtype)
+                return g_cache
             """
         ),
         Valid(
@@ -456,9 +478,58 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             at = reported_at(fact)
             if self._in_reported_setting(at):
                 continue  # reported as the gate-dtype setting that borrowed this dtype
+            if self._declared_setting(fact.node):
+                continue  # judged where the setting is declared (RL001 for a non-float32 one)
             self.report(
                 at,
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
                 f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+    def _declared_setting(self, dtype: cst.CSTNode) -> bool:
+        """Whether ``dtype`` reads a gate-dtype setting (``spec.gate_dtype``) that this module
+        declares only as class fields with a literal torch dtype default (``gate_dtype:
+        torch.dtype = torch.bfloat16``) and never assigns (a ``setattr`` that swaps submodules
+        is not counted): the declaration decides the ring's dtype, and RL001 reports it there
+        when it is not float32."""
+        if not (
+            isinstance(dtype, cst.Attribute)
+            and self.context.gate_caches.names_gate_dtype(name := dtype.attr.value)
+        ):
+            return False
+        index = self.provenance.index
+        defaults = [
+            value
+            for cls in index.classes()
+            if isinstance(cls.body, cst.IndentedBlock)
+            for line in cls.body.body
+            if isinstance(line, cst.SimpleStatementLine)
+            for small in line.body
+            for value in _class_field_value(small, name)
+        ]
+        return (
+            bool(defaults)
+            and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
+            and not index.assigns_attribute(name, by_setattr=False)
+        )
+
+
+def _class_field_value(statement: cst.BaseSmallStatement, name: str) -> list[cst.BaseExpression]:
+    """The default a class-body statement gives the field ``name`` (none: not that field)."""
+    if (
+        isinstance(statement, cst.AnnAssign)
+        and isinstance(statement.target, cst.Name)
+        and statement.target.value == name
+        and statement.value is not None
+    ):
+        return [statement.value]
+    if isinstance(statement, cst.Assign) and any(
+        isinstance(t.target, cst.Name) and t.target.value == name for t in statement.targets
+    ):
+        return [statement.value]
+    return []
+
+
+def _literal_torch_dtype(names: set[str]) -> bool:
+    return any(dtype_from_qualified_name(name) is not None for name in names)

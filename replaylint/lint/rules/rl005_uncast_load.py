@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.facts import CastValue, Kind
 from replaylint.lint.dataflow.modules import GateBuffer, assigning_load
+from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.loop_treatment import gate_name_test
+from replaylint.lint.rules.restored_attributes import restored_by_setattr
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 from replaylint.lint.syntax.nodes import method_name
 
@@ -37,6 +42,12 @@ it. Not a finding: copying into an existing float32 gate cache
 which casts on the way in, or a load followed by `.float()` / `.to(torch.float32)` /
 `.to(dtype=torch.float32)`. A dict that is merely passed around (`kwargs.get("replayssm_g")`) is
 not a checkpoint.
+
+A loop that restores every entry of a loaded mapping as an attribute (`for name, t in
+snapshot.items(): setattr(cache, name, t)`) is reported when the object holds a gate cache (the
+function, its class or the object's class names `cache.g_cache`): that attribute comes back as
+saved. The fix casts the entry for the gate cache's name only (`t.to(torch.float32) if name ==
+"g_cache" else t`).
 
 `module.load_state_dict(checkpoint, assign=True)` is the exception: it keeps the loaded tensors
 as the module's buffers instead of copying into them (the usual way to fill a module built on the
@@ -149,6 +160,23 @@ loaded value — device, shape, layout — changes.
                 state["g_cache"] = state["g_cache"].float()
                 pool.load_state_dict(state, assign=True)
                 return pool
+            """
+        ),
+        Valid(
+            """
+            import torch
+
+            class ReplayCache:
+                def __init__(self, shape):
+                    self.d_cache = torch.zeros(shape, dtype=torch.bfloat16)
+                    self.g_cache = torch.zeros(shape, dtype=torch.float32)
+
+            def restore(path, shape):
+                cache = ReplayCache(shape)
+                for name, ring in torch.load(path)["rings"].items():
+                    # copied into the float32 ring: the copy casts
+                    getattr(cache, name).copy_(ring)
+                return cache
             """
         ),
     )
@@ -320,6 +348,37 @@ loaded value — device, shape, layout — changes.
                 self.load_state_dict(state)
             """,
         ),
+        Invalid(
+            """
+            import torch
+
+            class ReplayCache:
+                def __init__(self, shape):
+                    self.d_cache = torch.zeros(shape, dtype=torch.bfloat16)
+                    self.g_cache = torch.zeros(shape, dtype=torch.float32)
+
+            def restore(path, shape):
+                cache = ReplayCache(shape)
+                for name, ring in torch.load(path)["rings"].items():
+                    setattr(cache, name, ring)
+                return cache
+            """,
+            expected_fix="""
+            import torch
+
+            class ReplayCache:
+                def __init__(self, shape):
+                    self.d_cache = torch.zeros(shape, dtype=torch.bfloat16)
+                    self.g_cache = torch.zeros(shape, dtype=torch.float32)
+
+            def restore(path, shape):
+                cache = ReplayCache(shape)
+                for name, ring in torch.load(path)["rings"].items():
+                    setattr(cache, name, ring.to(torch.float32) if name == "g_cache" else ring)
+                return cache
+            """,
+            message_contains="restored by `setattr` from every entry of",
+        ),
     )
 
     def __init__(self, context: FileContext) -> None:
@@ -346,6 +405,26 @@ loaded value — device, shape, layout — changes.
             "to float32 before loading, or load without `assign=True` (copying into the float32 "
             "buffer keeps its dtype)",
         )
+
+    def visit_For(self, node: cst.For) -> None:
+        site = self.site()
+        for restore in restored_by_setattr(self.provenance, self.context.gate_caches, node, site):
+            rings = ", ".join(f"`{restore.owner}.{name}`" for name in restore.gate_caches)
+            load = restore.load
+            cast = CastValue(restore.value)
+            self.report(
+                restore.value,
+                f"gate cache {rings} is restored by `setattr` from every entry of "
+                f"{load.detail}, without a cast to float32; it keeps the dtype it was saved with, "
+                f"and {WHY}",
+                fix=conditional_fix(
+                    self.context.module,
+                    self.context.spelling.torch_at(site),
+                    replace(load, target=cast),
+                    gate_name_test(restore.key, [{restore.key: n} for n in restore.gate_caches])
+                    or "",
+                ),
+            )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):

@@ -458,7 +458,7 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
         """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
         the local ``mapping``, when it is one)."""
         value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
-        if not isinstance(value, (cst.Call, cst.IfExp, cst.Name)):  # before any dataflow
+        if not isinstance(value, (cst.Call, cst.IfExp, cst.Name, cst.Subscript)):  # no dataflow yet
             return
         for loop in reversed(loops):
             iterations = self._iterations(loop)

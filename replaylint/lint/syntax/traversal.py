@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import libcst as cst
@@ -49,10 +50,34 @@ _WALKABLE: dict[type, bool] = {}
 
 
 def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of ``kind`` that may hold a syntax node, in declaration order: whitespace,
+    parentheses and commas are a node's most numerous fields, and reading them costs more than
+    the rest of a walk."""
     fields = _FIELDS.get(kind)
     if fields is None:
-        fields = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind))
+        try:
+            hints = typing.get_type_hints(kind)
+        except Exception:  # an annotation that cannot be resolved: read every field
+            hints = {}
+        fields = _FIELDS[kind] = tuple(
+            f.name
+            for f in dataclasses.fields(kind)
+            if f.name not in hints or _may_hold_syntax(hints[f.name])
+        )
     return fields
+
+
+def _may_hold_syntax(annotation: object) -> bool:
+    """Whether a value of this field annotation may be a node :func:`walk` visits (``Sequence[
+    Comma]`` or ``BaseParenthesizableWhitespace`` never is)."""
+    if isinstance(annotation, type):
+        return issubclass(annotation, cst.CSTNode) and not issubclass(annotation, _FORMATTING)
+    if typing.get_origin(annotation) is typing.Literal:
+        return False
+    arguments = typing.get_args(annotation)
+    if not arguments:  # a type variable, a forward reference: not known, so read it
+        return True
+    return any(_may_hold_syntax(argument) for argument in arguments)
 
 
 def _walkable(kind: type) -> bool:

@@ -1,0 +1,121 @@
+"""Every entry of a loaded mapping restored as an attribute: ``for name, t in snapshot.items():
+setattr(cache, name, t)``.
+
+The loop names no ring, so no single statement binds the gate cache; but when the object holds
+one (the function, its class or the object's class names ``cache.la_cache``), that attribute comes back as the entry
+saved under its name, in the dtype it was saved with. Which names the mapping holds is not known,
+so the gate-cache names are the object's own attributes that name one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.syntax.nodes import method_name, positional_args
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
+
+__all__ = ["Restore", "restored_by_setattr"]
+
+
+@dataclass(frozen=True)
+class Restore:
+    """One ``setattr(obj, key, value)`` of a loop over a loaded mapping's items."""
+
+    call: cst.Call
+    owner: str
+    """The object's name (``cache``, ``self``)."""
+    key: str
+    """The loop's name variable."""
+    value: cst.Name
+    gate_caches: tuple[str, ...]
+    """The object's attributes that name a gate cache, sorted."""
+    load: TensorFact
+    """How the mapping's entries were loaded."""
+
+
+def restored_by_setattr(
+    prov: Provenance, names: GateCacheNames, loop: cst.For, site: Site
+) -> list[Restore]:
+    """The ``setattr`` calls of ``loop``'s body that restore a loaded entry, uncast, on an object
+    that holds a gate cache."""
+    target, iterable = loop.target, loop.iter
+    if not (
+        isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and all(isinstance(e.value, cst.Name) for e in target.elements)
+        and isinstance(iterable, cst.Call)
+        and method_name(iterable) == "items"
+        and not iterable.args
+        and isinstance(iterable.func, cst.Attribute)
+        and isinstance(loop.body, cst.IndentedBlock)
+    ):
+        return []
+    key, value = (e.value for e in target.elements)
+    assert isinstance(key, cst.Name)
+    assert isinstance(value, cst.Name)
+    found: list[Restore] = []
+    for line in loop.body.body:
+        if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+            continue
+        expression = line.body[0]
+        call = expression.value if isinstance(expression, cst.Expr) else None
+        arguments = positional_args(call) if isinstance(call, cst.Call) else []
+        if not (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "setattr"
+            and len(arguments) == len(call.args) == 3
+            and isinstance(owner := arguments[0].value, cst.Name)
+            and _is(arguments[1].value, key.value)
+            and _is(arguments[2].value, value.value)
+        ):
+            continue
+        gate_caches = _gate_attributes(prov, owner.value, names, site)
+        if not gate_caches:
+            continue
+        loads = [f for f in prov.tensor_facts(iterable.func.value, site) if f.kind is Kind.LOADED]
+        if not loads:
+            continue
+        passed = arguments[2].value
+        assert isinstance(passed, cst.Name)
+        found.append(Restore(call, owner.value, key.value, passed, gate_caches, loads[0]))
+    return found
+
+
+def _is(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
+def _gate_attributes(
+    prov: Provenance, owner: str, names: GateCacheNames, site: Site
+) -> tuple[str, ...]:
+    """The attributes ``owner.X`` that name a gate cache, read or written in the function; for
+    ``self``, in its class; for a local made by a class of the module (``cache =
+    ReplayCache(...)``), in that class."""
+    attributes = _attributes_of(site.scope, owner, names)
+    if owner == "self" and (cls := site.enclosing_class()) is not None:
+        attributes |= _attributes_of(cls, "self", names)
+    for binding, _ in prov.lookup(owner, site) or ():
+        value = binding.value if binding.kind == "assign" else None
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+            for cls in prov.index.classes():
+                if cls.name.value == value.func.value:
+                    attributes |= _attributes_of(cls, "self", names)
+    return tuple(sorted(attributes))
+
+
+def _attributes_of(scope: cst.CSTNode, owner: str, names: GateCacheNames) -> set[str]:
+    return {
+        node.attr.value
+        for node in descendants(scope)
+        if isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == owner
+        and names.matches(node.attr.value)
+    }
