@@ -8,6 +8,7 @@ import ast
 from collections.abc import Callable, Iterator, Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
+from replaylint.lint.syntax.ast_walk import walk
 
 __all__ = [
     "LocalValues",
@@ -76,7 +77,7 @@ def spread_lengths(tree: ast.AST) -> SpreadLengths:
     ``sizes = [...]``)."""
     values: dict[str, list[ast.expr | None]] = {}  # None: a binding that says no length
     stores: dict[str, int] = {}
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             stores[node.id] = stores.get(node.id, 0) + 1
         elif isinstance(node, ast.Assign):
@@ -225,9 +226,9 @@ class LocalValues:
         function around ``call`` (the innermost one)."""
         if self._owner is None:
             self._owner = {}
-            for function in ast.walk(self._tree):  # breadth first: inner functions come later
+            for function in walk(self._tree):  # breadth first: inner functions come later
                 if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    for node in ast.walk(function):
+                    for node in walk(function):
                         if isinstance(node, ast.Call):
                             self._owner[id(node)] = function
         owner = self._owner.get(id(call))
@@ -242,7 +243,7 @@ class LocalValues:
 def _assigned_values(function: ast.AST) -> dict[str, list[ast.expr]]:
     """Name -> the values a plain or an unpacking assignment in ``function`` binds it to."""
     bound: dict[str, list[ast.expr]] = {}
-    for node in ast.walk(function):
+    for node in walk(function):
         if not isinstance(node, ast.Assign):
             continue
         for target in node.targets:

@@ -34,6 +34,7 @@ from replaylint.lint.gatecache.calls import (
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.ring_order import gate_rings_by_order, may_list_rings
+from replaylint.lint.syntax.ast_walk import walk
 from replaylint.lint.syntax.limits import too_large
 
 __all__ = [
@@ -177,7 +178,7 @@ def _names_in(
             lengths.append(spread_lengths(tree))
         return lengths[0](expr)
 
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Dict):
             yield from _mapping_names(node, filename, patterns)
             continue

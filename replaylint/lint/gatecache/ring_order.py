@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from replaylint.lint.gatecache.names import WRITTEN_AFTER, LearnedFrom
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
+from replaylint.lint.syntax.ast_walk import walk
 
 _D_WORDS, _K_WORDS = frozenset(D_WORDS), frozenset(K_WORDS)
 _WHOLE_D, _WHOLE_K = frozenset(D_WORDS[1:]), frozenset(K_WORDS[1:])
@@ -52,7 +53,9 @@ def may_list_rings(raw: bytes) -> bool:
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:
     """The names ``tree`` writes right after a d ring and a k ring of the same family."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
+        if not isinstance(node, _ROW_HOLDERS):
+            continue
         for row in _rows(node):
             names = [written_name(element) for element in row]
             for first, second, third in zip(names, names[1:], names[2:], strict=False):
@@ -67,6 +70,9 @@ _BLOCKS: tuple[type[ast.AST], ...] = (
     *(ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For),
     *(ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.ExceptHandler),
 )  # nodes with statement blocks
+
+
+_ROW_HOLDERS = (ast.Tuple, ast.List, ast.Call, *_BLOCKS)
 
 
 def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:

@@ -32,6 +32,7 @@ from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import files_containing
 from replaylint.lint.gatecache.learning import entry_point_needles
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.syntax.ast_walk import walk
 from replaylint.lint.syntax.limits import too_large
 
 __all__ = ["Wrapper", "learned_from_wrappers", "names_passed_to", "wrappers_in"]
@@ -150,7 +151,7 @@ def _handed_to_the_kernel(
     aliases: dict[str, str],
 ) -> Iterator[str]:
     """Names the body passes as the gate cache of an entry point or of a known wrapper."""
-    for node in ast.walk(function):
+    for node in walk(function):
         if not isinstance(node, ast.Call):
             continue
         written = dotted(node.func)
@@ -193,7 +194,7 @@ def names_passed_to(
     tree: ast.AST, filename: str, wrappers: dict[str, Wrapper]
 ) -> Iterator[tuple[str, LearnedFrom]]:
     """The names ``tree``'s calls of ``wrappers`` pass in the gate ring's place."""
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if not isinstance(node, ast.Call):
             continue
         wrapper = wrappers.get(_last_part(node.func) or "")

@@ -57,6 +57,8 @@ class ImportedGateBuffer:
 def registers_gate_buffer(text: str, matches: Matches) -> bool:
     """Whether ``text`` registers a buffer under a gate-cache name (an f-string name as if its
     fields were numbers): the cheap question before any class is walked or summarised."""
+    if "register_buffer" not in text and "Buffer" not in text:
+        return False  # the search below tries every `.` of the text
     # a field may also be the ring's own name (`f"static_{name}"` over the ring names)
     return any(
         matches(re.sub(r"\{[^}]*\}", field, found.group("registered") or found.group("assigned")))

@@ -20,7 +20,10 @@ __all__ = ["files_reading", "name_table_constants"]
 
 # a module-level constant bound to a bracketed literal: the cheap test before a parse
 _CONSTANT_TABLE = re.compile(rb"^_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{]", re.MULTILINE)
+# a quoted identifier: what a listed cache name looks like before the parse confirms it
+_QUOTED_WORD = re.compile(rb"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""")
 _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
+_BRACKET = re.compile(rb"[()\[\]{}]")
 
 
 def name_table_constants(
@@ -76,8 +79,13 @@ def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
         end = _closing(raw, match.end() - 1)
         if end is None:
             continue
+        text = raw[match.start() : end + 1]
+        if text.isascii() and not any(
+            names.matches(word.decode("ascii")) for word in _QUOTED_WORD.findall(text)
+        ):
+            continue  # lists no gate-cache name: no parse needed
         try:
-            tree = ast.parse(raw[match.start() : end + 1])
+            tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue  # not a whole statement (a bracket in a string): not followed
         statement = tree.body[0] if len(tree.body) == 1 else None
@@ -95,14 +103,13 @@ def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
 def _closing(raw: bytes, start: int) -> int | None:
     """The offset of the bracket that closes the one at ``start`` (None past a bound)."""
     depth = 0
-    for offset in range(start, min(len(raw), start + _LONGEST_TABLE)):
-        byte = raw[offset]
-        if byte in b"([{":
+    for bracket in _BRACKET.finditer(raw, start, min(len(raw), start + _LONGEST_TABLE)):
+        if bracket.group() in b"([{":
             depth += 1
-        elif byte in b")]}":
+        else:
             depth -= 1
             if depth == 0:
-                return offset
+                return bracket.start()
     return None
 
 
