@@ -80,3 +80,42 @@ def test_a_mapping_is_the_class_of_its_uses() -> None:
         textwrap.dedent(source) + "def lookup(runner, bs):\n    return runner.g_cache.get(bs)\n"
     )
     assert _codes(outside) == []
+
+
+_GRAPHS = """
+import torch
+class GraphRunner:
+    def __init__(self):
+        self.g_cache = {}
+    def replay(self, bs):
+        return self.g_cache.get(bs)
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        # a local of another function is that function's own ring
+        (
+            "def ring(shape):\n    g_cache = torch.zeros(shape, dtype=torch.half)\n    return g_cache\n",
+            ["RL001"],
+        ),
+        # a key of a dict of rings outside every class
+        (
+            "def rings(shape):\n    return {'g_cache': torch.zeros(shape, dtype=torch.half)}\n",
+            ["RL001"],
+        ),
+        # an attribute set outside every class may be the graph runner's
+        ("def attach(runner):\n    runner.g_cache = {1: torch.zeros(1, dtype=torch.half)}\n", []),
+        # a local the function itself reads as a mapping
+        (
+            "def graphs(dtype):\n    g_cache = {1: torch.zeros(1, dtype=dtype)}\n"
+            "    return g_cache.get(1)\n",
+            [],
+        ),
+    ],
+)
+def test_a_mapping_attribute_leaves_locals_and_dict_keys_elsewhere_rings(
+    code: str, expected: list[str]
+) -> None:
+    assert _codes(_GRAPHS + "\n\n" + code) == expected

@@ -9,11 +9,16 @@ caches. Plural names (``g_caches``) are collections of rings by name, and keep b
 The mapping is the class's own: a module whose ``GraphRunner`` keeps compiled graphs in
 ``self.g_cache`` may hold a ``KDAStatePool`` whose ``self.g_cache`` is a ring, so a binding in a
 class is a mapping's only when that class (or code outside every class) uses the name as one.
+A local is its function's own: ``g_cache = torch.zeros(...)`` in one function is a ring even when
+a class of the module keeps graphs in ``self.g_cache``, unless that function calls
+``g_cache.get(...)`` itself; and a key of a dict literal outside every class
+(``{"g_cache": ring}``) names a ring.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -25,9 +30,16 @@ from replaylint.lint.syntax.sites import Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-MappingUses = dict[str, frozenset[int] | None]
-"""Per gate-cache name used as a mapping, the ``id`` of each class that uses it so; None when
-code outside every class does."""
+@dataclass(frozen=True)
+class MappingUses:
+    """Where the module uses each of its mapping names."""
+
+    attributes: dict[str, frozenset[int] | None]
+    """Per name used as ``<x>.<name>.get(...)``, the ``id`` of each class that uses it so; None
+    when code outside every class does."""
+    locals: dict[str, frozenset[int]]
+    """Per name used as ``<name>.get(...)``, the ``id`` of each scope (function, class body,
+    module) that does."""
 
 # methods of dicts (and ordered, default, weak dicts) that no tensor has (`values()` is also a
 # sparse tensor's)
@@ -79,30 +91,49 @@ def _mapping_names_in_text(source: str, index: ModuleIndex) -> frozenset[str]:
 
 
 def mapping_uses(prov: Provenance) -> MappingUses:
-    """Where the module uses each of its mapping names (see :data:`MappingUses`)."""
+    """Where the module uses each of its mapping names (see :class:`MappingUses`)."""
     names = mapping_names(prov.index)
     if not names:
-        return {}
-    uses: dict[str, set[int] | None] = {name: set() for name in names}
+        return MappingUses({}, {})
+    attributes: dict[str, set[int] | None] = {}
+    locals_: dict[str, set[int]] = {}
     classes = prov.index.classes()
+    sites = prov.index.call_sites()
     for method in sorted(MAPPING_METHODS):
         for call in prov.index.calls_named(method):
             func = call.func
-            name = binding_name(func.value) if isinstance(func, cst.Attribute) else None
-            if name not in uses:
+            receiver = func.value if isinstance(func, cst.Attribute) else None
+            name = binding_name(receiver) if receiver is not None else None
+            if name not in names:
+                continue
+            if isinstance(receiver, cst.Name):
+                site = sites.get(id(call))
+                scope = site.scope if site is not None else prov.index.module
+                locals_.setdefault(name, set()).add(id(scope))
                 continue
             owners = {id(cls) for cls in classes if prov.within(call, cls)}
-            known = uses[name]
-            uses[name] = None if not owners or known is None else known | owners
-    return {name: None if found is None else frozenset(found) for name, found in uses.items()}
+            known = attributes.setdefault(name, set())
+            attributes[name] = None if not owners or known is None else known | owners
+    return MappingUses(
+        {name: None if found is None else frozenset(found) for name, found in attributes.items()},
+        {name: frozenset(found) for name, found in locals_.items()},
+    )
 
 
-def used_as_mapping(uses: MappingUses, name: str, site: Site | None) -> bool:
-    """Whether a binding of ``name`` at ``site`` is one of a mapping (see the module docstring)."""
-    if name not in uses:
+def used_as_mapping(
+    uses: MappingUses, name: str, site: Site | None, display: str | None = None
+) -> bool:
+    """Whether a binding of ``name`` at ``site``, written ``display`` (``g_cache``,
+    ``self.g_cache``, ``"g_cache"``), is one of a mapping (see the module docstring)."""
+    if display is not None and display.isidentifier():  # a local (or global) of its scope
+        scopes = uses.locals.get(name, frozenset())
+        return site is not None and id(site.scope) in scopes
+    if name not in uses.attributes:
         return False
-    classes = uses[name]
+    classes = uses.attributes[name]
     owners = (
         {id(scope) for scope in site.scopes if isinstance(scope, cst.ClassDef)} if site else set()
     )
+    if not owners and display is not None and display[:1] in {"'", '"'}:
+        return False  # a key of a dict outside every class: a dict of rings
     return classes is None or not owners or bool(owners & classes)

@@ -569,11 +569,12 @@ class Provenance:
             self._imports_holder = imported_modules.imports_gate_buffer_holder(self)
         return self._imports_holder
 
-    def is_mapping(self, name: str, site: Site | None = None) -> bool:
-        """Whether the gate-cache name ``name``, bound at ``site``, is a mapping (not a tensor)."""
+    def is_mapping(self, name: str, site: Site | None = None, display: str | None = None) -> bool:
+        """Whether the gate-cache name ``name``, bound at ``site`` as ``display`` (the target
+        as written), is a mapping (not a tensor)."""
         if self._mappings is None:
             self._mappings = collisions.mapping_uses(self)
-        return collisions.used_as_mapping(self._mappings, name, site)
+        return collisions.used_as_mapping(self._mappings, name, site, display)
 
     def within(self, node: cst.CSTNode, root: cst.CSTNode) -> bool:
         """Whether ``node`` is ``root`` or one of its descendants."""

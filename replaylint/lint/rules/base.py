@@ -130,7 +130,7 @@ class Rule(Visitor):
     def facts(self, binding: GateCacheBinding) -> tuple[TensorFact, ...]:
         """How the value bound to the gate cache got its dtype, one fact per way; none when the
         module uses the name as a mapping (a compiled-graph cache named like a gate cache)."""
-        if self.provenance.is_mapping(binding.name, binding.site):
+        if self.provenance.is_mapping(binding.name, binding.site, binding.display):
             return ()
         if binding.element is not None:
             facts = element_facts(self.provenance, binding.value, binding.element, binding.site)
