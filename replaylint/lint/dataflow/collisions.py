@@ -30,6 +30,7 @@ from replaylint.lint.syntax.sites import Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
+
 @dataclass(frozen=True)
 class MappingUses:
     """Where the module uses each of its mapping names."""
@@ -40,6 +41,7 @@ class MappingUses:
     locals: dict[str, frozenset[int]]
     """Per name used as ``<name>.get(...)``, the ``id`` of each scope (function, class body,
     module) that does."""
+
 
 # methods of dicts (and ordered, default, weak dicts) that no tensor has (`values()` is also a
 # sparse tensor's)

@@ -224,6 +224,9 @@ def _rewritten(scope: cst.CSTNode, name: str) -> bool:
     return False
 
 
+_COPIES = frozenset({"copy.deepcopy", "copy.copy"})
+
+
 def _instance_of(
     prov: Provenance,
     expr: cst.BaseExpression,
@@ -238,6 +241,9 @@ def _instance_of(
             return classes[expr.func.value]
         if isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MODULE_CHAIN:
             return _instance_of(prov, expr.func.value, site, classes, depth + 1)
+        copied = positional_args(expr)
+        if len(copied) == 1 and prov.index.qualified_names(expr.func) & _COPIES:
+            return _instance_of(prov, copied[0].value, site, classes, depth + 1)  # a copy
         return None
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site) or []

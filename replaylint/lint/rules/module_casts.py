@@ -35,6 +35,7 @@ from replaylint.lint.rules.wording import (
     module_cast_message,
     unknown_module_cast_message,
 )
+from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
 
 
@@ -88,6 +89,24 @@ class ModuleCasts:
                 return ModuleCastFinding(message, protect_before_cast(module, call, imported.name))
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
 
+    def buffer_loop_finding(self, loop: cst.For, site: Site) -> tuple[cst.Call, str] | None:
+        """``for buf in model.buffers(): buf.data = buf.data.half()`` (or ``named_buffers()``,
+        ``.to(dtype)``): the cast of every buffer of ``model``, reported like ``model.half()``
+        at the cast in the loop, without a fix (a guard would go before the loop)."""
+        found = buffer_loop_cast(loop)
+        if found is None:
+            return None
+        owner, cast = found
+        assert isinstance(cast.func, cst.Attribute)
+        whole = cst.Call(cst.Attribute(owner, cast.func.attr), cast.args)  # `model.half()`
+        finding = self.finding(whole, site)
+        if finding is None:
+            return None
+        module = self._context.module
+        written = f"`{one_line(module, whole)}`"
+        loop_text = f"`{one_line(module, cast)}` over `{one_line(module, loop.iter)}`"
+        return cast, finding.message.replace(written, loop_text, 1)
+
     def _unknown_class(
         self,
         call: cst.Call,
@@ -136,8 +155,82 @@ class ModuleCasts:
         return self._bases
 
 
+_BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
+
+
+def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | None:
+    """The module and the cast of ``for buf in module.buffers(): buf.data = buf.data.<cast>``
+    (``for name, buf in module.named_buffers()``, the cast of ``buf`` itself too)."""
+    iterable = loop.iter
+    if not (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value in _BUFFER_LISTS
+        and isinstance(loop.body, cst.IndentedBlock)
+    ):
+        return None
+    target: cst.BaseExpression = loop.target
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        target = target.elements[1].value
+    if not isinstance(target, cst.Name):
+        return None
+    buffer = target.value
+    for statement in _statements(loop.body):
+        if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
+            continue
+        written, value = statement.targets[0].target, statement.value
+        if (
+            _is_data_of(written, buffer)
+            and isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
+        ):
+            return iterable.func.value, value
+    return None
+
+
+def _statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:
+    """The small statements of ``block`` and of the ``if`` blocks in it (``if
+    buf.is_floating_point(): ...``)."""
+    found: list[cst.BaseSmallStatement] = []
+    for line in block.body if isinstance(block, cst.IndentedBlock) else ():
+        if isinstance(line, cst.SimpleStatementLine):
+            found.extend(line.body)
+        elif isinstance(line, cst.If):
+            found.extend(_statements(line.body))
+    return found
+
+
+def _is_name(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
+def _is_data_of(expr: cst.BaseExpression, name: str) -> bool:
+    return (
+        isinstance(expr, cst.Attribute) and expr.attr.value == "data" and _is_name(expr.value, name)
+    )
+
+
 # RL004's examples of module casts (its docs and tests, with the rest of its examples)
 MODULE_CAST_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.proj = nn.Linear(4, 4)
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def to_serving_dtype(pool, dtype):
+            # parameters only: the gate buffer keeps float32
+            for param in pool.parameters():
+                param.data = param.data.to(dtype)
+            return pool
+        """
+    ),
     Valid(
         """
         import torch
@@ -246,6 +339,28 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
     ),
 )
 MODULE_CAST_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import copy
+
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def serving_copy(shape, dtype):
+            # casting every buffer in a loop is the module cast written out
+            replica = copy.deepcopy(ReplayPool(shape))
+            for name, buf in replica.named_buffers():
+                if buf.is_floating_point():
+                    buf.data = buf.data.to(dtype)
+            return replica
+        """,
+        message_contains="over `replica.named_buffers()` casts every floating buffer",
+    ),
     Invalid(
         """
         import torch

@@ -57,7 +57,12 @@ an annotated parameter (`model: KimiModel`), `self` or `self.model`. A part that
 installs after construction (`for block in self.layers: block.attention.kv_cache = Cache(...)` in
 `setup_caches`) counts once that method has been called on the instance. A module of no known
 class counts too when the module or the project has gate-buffer classes: `model: nn.Module` cast
-by a precision wrapper, or `self` cast in a mixin or base class of a gate-buffer class. The cast
+by a precision wrapper, or `self` cast in a mixin or base class of a gate-buffer class. A copy
+(`copy.deepcopy(pool)`) is an instance of its original's class, and a loop that casts every
+buffer (`for name, buf in model.named_buffers(): buf.data = buf.data.to(dtype)`, also under an
+`if buf.is_floating_point():`) is the module cast written out; it is reported at the cast in the
+loop, without a fix (the guard would go before the loop). A loop over `parameters()` leaves the
+buffers alone. The cast
 is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
 buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
 `replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
@@ -295,6 +300,13 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         found = self._module_casts.finding(node, self.site())
         if found is not None:
             self.report(node, found.message, fix=found.fix)
+
+    def visit_For(self, node: cst.For) -> None:
+        if self._module_casts is None:
+            self._module_casts = ModuleCasts(self.context, self.provenance)
+        found = self._module_casts.buffer_loop_finding(node, self.site())
+        if found is not None:
+            self.report(found[0], found[1])
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):
