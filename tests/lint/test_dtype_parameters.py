@@ -150,3 +150,28 @@ def test_a_none_default_that_the_function_replaces_is_not_a_dtype() -> None:
     # and the setting's, where the call writes it
     assert _findings(source) == [(7, "RL001"), (10, "RL001")]
     assert _findings(source.replace("torch.float16", "torch.float32")) == []
+
+
+_METHOD_HELPER = """
+import torch
+
+class ReplayPool:
+    def __init__(self, shape, dtype):
+        self.dtype = dtype
+        self.k_cache = self._ring(shape)
+
+    def _ring(self, shape):
+        return torch.empty(shape, dtype=self.dtype)
+
+    def reset(self, shape):
+        self.g_cache = self._ring(shape)
+"""
+
+
+def test_a_method_that_allocates_with_the_instances_dtype_is_no_dtype_parameter() -> None:
+    # `self.dtype` is the instance's setting, not an argument each call chooses: the gate
+    # cache's allocation is reported at the call, and cast there (the method serves k_cache too)
+    assert _findings(_METHOD_HELPER) == [(12, "RL002")]
+    (finding,) = Linter().check(textwrap.dedent(_METHOD_HELPER).lstrip("\n"), "m.py")
+    assert "`self.dtype` by `self._ring(shape)` (line 9)" in finding.message
+    assert "self.g_cache = self._ring(shape).to(torch.float32)" in _fixed(_METHOD_HELPER)

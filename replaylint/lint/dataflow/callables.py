@@ -145,7 +145,8 @@ def _function(
     name = function.name.value
     # another module may call a public function or method too
     shared = len(prov.index.calls_named(name)) > 1 or not name.startswith("_")
-    parameters = {p.name.value for p in all_params(function.params)}
+    # `self.dtype` is the instance's setting, not a value each call passes
+    parameters = {p.name.value for p in all_params(function.params)} - {"self", "cls"}
     facts: list[TensorFact] = []
     for value, statement in values:
         where = Site(scopes, statement)

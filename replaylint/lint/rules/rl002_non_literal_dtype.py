@@ -472,6 +472,16 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             source = describe_dtype(
                 self.context, fact.node, fact.dtypes, through_mapping=is_spread(fact)
             )
+            allocation = fact.allocation
+            if (
+                allocation is not None
+                and allocation.dtype_arg is not None
+                and isinstance(fact.node, cst.Call)
+                and fact.node is not allocation.call
+            ):  # made by a helper other calls share: the finding is about this call
+                dtype = describe_dtype(self.context, allocation.dtype_arg.value, fact.dtypes)
+                line = self.context.line_of(allocation.call)
+                source = f"{dtype} by `{one_line(self.context.module, fact.node)}` (line {line})"
             fix = self.fix_for(
                 binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
