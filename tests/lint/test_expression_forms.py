@@ -338,3 +338,41 @@ def test_to_a_reference_tensor_takes_its_dtype(cast: str, expected: list[tuple[i
             self.g_cache = {cast}
         """
     assert _findings(source) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # a key built by an f-string numbered by a counter names a ring of each layer
+        (
+            "def start(rings, n):\n    inputs = {}\n    for layer in range(n):\n"
+            "        inputs[f'state_g_cache_{layer}'] = rings['g'].half()\n    return inputs\n",
+            [(6, "RL004")],
+        ),
+        # a tensor handed over through DLPack keeps its producer's dtype
+        (
+            "from torch.utils.dlpack import from_dlpack\n\n"
+            "def adopt(capsule):\n    g_cache = from_dlpack(capsule)\n    return g_cache\n",
+            [(6, "RL005")],
+        ),
+        (
+            "def adopt(capsule):\n    g_cache = torch.from_dlpack(capsule).float()\n"
+            "    return g_cache\n",
+            [],
+        ),
+        # an array read from a file and cast on the numpy side to a dtype not known
+        (
+            "import numpy as np\n\ndef restore(path, np_type):\n    with np.load(path) as archive:\n"
+            "        g_cache = torch.from_numpy(archive['g'].astype(np_type))\n    return g_cache\n",
+            [(7, "RL005")],
+        ),
+        (
+            "import numpy as np\n\ndef restore(path):\n    with np.load(path) as archive:\n"
+            "        g_cache = torch.from_numpy(archive['g'].astype(np.float32))\n    return g_cache\n",
+            [],
+        ),
+    ],
+)
+def test_handover_forms(body: str, expected: list[tuple[int, str]]) -> None:
+    source = f"import torch\n\n{body}"
+    assert [(f.location.row, f.code) for f in Linter().check(source, "m.py")] == expected

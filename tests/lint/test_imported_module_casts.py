@@ -237,3 +237,16 @@ def test_an_element_of_a_returned_tuple_is_an_instance_of_its_class(
         f"def load(config):\n    {body}\n"
     )
     assert [f[1] for f in _findings(tmp_path, loader)] == (["RL004"] if reported else [])
+
+
+def test_an_attribute_of_self_holding_an_imported_model_is_an_instance_of_its_class(
+    tmp_path: Path,
+) -> None:
+    loader = (
+        "from .modeling import KimiModel\n\n\n"
+        "class Backend:\n"
+        "    def initialize(self, config, dtype):\n"
+        "        self.model = KimiModel(config)\n"
+        "        self.model = self.model.to(dtype)\n"
+    )
+    assert [f[:2] for f in _findings(tmp_path, loader)] == [(7, "RL004")]

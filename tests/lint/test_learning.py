@@ -337,3 +337,16 @@ def test_a_passed_local_also_teaches_the_name_it_was_taken_by(
         """
     ).lstrip()
     assert set(_learn(source)) == learned
+
+
+def test_a_learned_name_matches_in_any_case_with_a_layer_index_or_a_path_before_it() -> None:
+    origin = LearnedFrom("a.py", 2, "kda_replayssm_decode")
+    names = GateCacheNames().with_learned({"decay_log": origin})
+    forms = ("STATE_DECAY_LOG_0", "out_state_decay_log_1", "layers.0.decay_log", "decay_log_12")
+    assert all(names.matches(n) for n in forms)
+    assert all(names.learned_from(n) == origin for n in forms)
+    # another word after the name, or a name that only contains a part of it, is another tensor
+    assert not any(names.matches(n) for n in ("decay_log_scale", "decay_0", "STATE_DELTA_0"))
+    # patterns number their rings too
+    assert GateCacheNames().matches("g_cache_3")
+    assert GateCacheNames().learned_from("layers.3.g_cache") is None

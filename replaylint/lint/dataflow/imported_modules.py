@@ -23,6 +23,7 @@ from replaylint.lint.dataflow.helpers import CalledFunction, called_function
 from replaylint.lint.dataflow.imported import MALFORMED, as_value
 from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, annotated_name
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
+from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.project.gate_buffers import (
     ImportedGateBuffer,
@@ -161,7 +162,38 @@ def _instance(
                 classes.append(None)
         if classes and all(c is not None for c in classes):
             return classes[0]
+    if position is None and _on_self(expr) and (holder := site.enclosing_class()) is not None:
+        assert isinstance(expr, cst.Attribute)
+        return _attribute_instance(prov, holder, expr.attr.value, depth)
     return None
+
+
+def _on_self(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
+    )
+
+
+def _attribute_instance(
+    prov: Provenance, owner: cst.ClassDef, name: str, depth: int
+) -> Found | None:
+    """The project class of ``self.<name>`` when every value the class's methods assign it is
+    an instance of it (``self.stack = Stack(...)``); a value made from the attribute itself
+    (``self.stack = self.stack.to(dtype)``) keeps its class."""
+    classes: list[Found | None] = []
+    for value, where in instance_values(prov, owner, name):
+        root = value
+        while isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute):
+            if root.func.attr.value not in MODULE_CHAIN:
+                break
+            root = root.func.value
+        if _on_self(root) and isinstance(root, cst.Attribute) and root.attr.value == name:
+            continue
+        classes.append(_instance(prov, value, where, depth + 1))
+    first = classes[0] if classes else None
+    return first if first is not None and all(c == first for c in classes) else None
 
 
 def _returned_here(

@@ -113,7 +113,11 @@ def _numpy_origin(prov: Provenance, expr: cst.BaseExpression, site: Site, env: E
             return "loaded"
         method = method_name(expr)
         if method == "astype" and expr.args:
-            return "float32" if _numpy_float32(prov, expr.args[0].value) else None
+            if _numpy_float32(prov, expr.args[0].value):
+                return "float32"
+            # an array read from a file, cast to a dtype not provably float32, is no better
+            receiver = method_receiver(prov.index, expr)
+            return _numpy_origin(prov, receiver, site, env) if receiver is not None else None
         receiver = method_receiver(prov.index, expr)
         if method in NUMPY_ORIGIN_PRESERVING_METHODS and receiver is not None:
             return _numpy_origin(prov, receiver, site, env)
@@ -256,6 +260,8 @@ def checkpoint_name(name: str) -> bool:
 
 def loader_name(names: set[str]) -> str:
     for name in sorted(names & TORCH_LOADERS):
+        if name.endswith("from_dlpack"):
+            return f"`{name}(...)`, a tensor another library or process made"
         return f"`{name}(...)`"
     return "a checkpoint"
 

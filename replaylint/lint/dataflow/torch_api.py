@@ -138,6 +138,8 @@ TORCH_LOADERS = frozenset(
         "pickle.loads",
         "safetensors.torch.load_file",
         "safetensors.torch.load",
+        # a tensor handed over by another library, engine or process keeps its maker's dtype
+        *("torch.utils.dlpack.from_dlpack", "torch.from_dlpack"),
     }
 )
 # safetensors' loaders always return a dict of tensors, never one tensor.

@@ -211,6 +211,8 @@ class BindingWalker(Visitor):
                     )
             return
         name = binding_name(target)
+        if name is None and isinstance(target, cst.Subscript):
+            name = self._formatted_key(target)  # `inputs[f"STATE_G_CACHE_{layer}"] = ...`
         if (
             name is None
             and isinstance(target, cst.Subscript)
@@ -231,6 +233,16 @@ class BindingWalker(Visitor):
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
+
+    def _formatted_key(self, target: cst.Subscript) -> str | None:
+        """The key of ``d[f"..."]`` read as a name (replacement fields as ``0``), when no loop
+        over names builds it: a counter (``f"g_cache_{layer}"``) only numbers the ring."""
+        if len(target.slice) != 1 or not isinstance(index := target.slice[0].slice, cst.Index):
+            return None
+        key = index.value
+        if not isinstance(key, cst.FormattedString) or self._loop_variable_in(key):
+            return None
+        return static_name(key)
 
     def _is_list(self, name: str, held_elsewhere: bool) -> bool:
         """Whether the module binds the gate-cache name ``name`` to a list or appends to it: a

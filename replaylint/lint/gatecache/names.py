@@ -8,7 +8,10 @@ call sites of decode entry points ("learned" names) are added per run, with the 
 them, so that a finding can say why a name counts; a learned name also matches its qualified
 variants (``pad_decay_ring`` once ``decay_ring`` is learned), its plural and its name with a ring
 word after it (``decay_rings``, ``alpha_log_ring`` once ``decay_ring`` and ``alpha_log`` are), and
-its variants with a word inside (``alpha_move_buffer`` once ``alpha_buffer`` is).
+its variants with a word inside (``alpha_move_buffer`` once ``alpha_buffer`` is), in any case
+(``STATE_DECAY_LOG`` once ``decay_log`` is). Every name also matches with a layer index after it
+(``g_cache_3``, ``STATE_DECAY_LOG_0``) and as the last part of a dotted key
+(``"layers.0.g_cache"``).
 """
 
 from __future__ import annotations
@@ -76,17 +79,27 @@ class GateCacheNames:
         self._regex = re.compile("|".join(f"(?:{core}s?)" for core in cores) or "(?!)")
         self._singular = re.compile("|".join(f"(?:{core})" for core in cores) or "(?!)")
         self.learned: dict[str, LearnedFrom] = dict(learned or {})
+        # learned names match in any case, as patterns do (`STATE_DECAY_LOG` once `decay_log`
+        # is learned): by lower-case name, the name as learned
+        self._learned_lower = {name.lower(): name for name in sorted(self.learned, reverse=True)}
         # a learned name also names its qualified variants, as `*_g_cache` does `g_cache`'s:
         # `pad_decay_ring` when `decay_ring` was learned
         suffixes = "|".join(re.escape(name) for name in sorted(self.learned))
-        self._qualified = re.compile(f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)")
+        self._qualified = re.compile(
+            f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)", re.IGNORECASE
+        )
         # ... its plural and its name with a ring word after it, as a pattern's plural is:
         # `log_alpha_rings` when `log_alpha_ring` was, `alpha_log_ring` when `alpha_log` was
-        self._extended = re.compile(f"({suffixes})(?:s|{_RING_WORDS})" if suffixes else "(?!)")
+        self._extended = re.compile(
+            f"({suffixes})(?:s|{_RING_WORDS})" if suffixes else "(?!)", re.IGNORECASE
+        )
         # ... and its variants with a word inside: `alpha_move_buffer` when `alpha_buffer` was
         self._infixed = [
             (
-                re.compile(f"{re.escape(head)}_[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_{re.escape(tail)}s?"),
+                re.compile(
+                    f"{re.escape(head)}_[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*_{re.escape(tail)}s?",
+                    re.IGNORECASE,
+                ),
                 name,
             )
             for name in sorted(self.learned)
@@ -102,9 +115,13 @@ class GateCacheNames:
         return GateCacheNames(self.patterns, merged)
 
     def matches(self, name: str) -> bool:
+        core = _core(name)
+        return self._matches(name) or (core != name and self._matches(core))
+
+    def _matches(self, name: str) -> bool:
         return (
             self._regex.fullmatch(name.lower().lstrip("_")) is not None
-            or name in self.learned
+            or name.lower() in self._learned_lower
             or self._qualified.fullmatch(name) is not None
             or self._extended.fullmatch(name) is not None
             or any(infixed.fullmatch(name) for infixed, _ in self._infixed)
@@ -137,14 +154,31 @@ class GateCacheNames:
 
     def learned_from(self, name: str) -> LearnedFrom | None:
         """The call that taught ``name``, if it is a gate cache only because it was learned."""
+        if self._matches(name):
+            return self._learned_from(name)
+        core = _core(name)
+        return self._learned_from(core) if core != name and self._matches(core) else None
+
+    def _learned_from(self, name: str) -> LearnedFrom | None:
         if self._regex.fullmatch(name.lower().lstrip("_")) is not None:
             return None
-        if name in self.learned:
-            return self.learned[name]
+        taught = self._learned_lower.get(name.lower())
+        if taught is not None:
+            return self.learned[taught]
         qualified = self._qualified.fullmatch(name) or self._extended.fullmatch(name)
         if qualified is not None:
-            return self.learned[qualified.group(1)]
+            return self.learned[self._learned_lower[qualified.group(1).lower()]]
         return next(
             (self.learned[taught] for infixed, taught in self._infixed if infixed.fullmatch(name)),
             None,
         )
+
+
+_LAYER_INDEX = re.compile(r"_\d+\Z")
+
+
+def _core(name: str) -> str:
+    """The ring a name denotes without its place: the last part of a dotted key
+    (``layers.0.g_cache``) and without a layer index after it (``g_cache_3``)."""
+    last = name.rpartition(".")[2] or name
+    return _LAYER_INDEX.sub("", last)

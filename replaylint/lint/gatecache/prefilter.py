@@ -109,6 +109,11 @@ class Relevance:
             lowered = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
         if self._needles is not None and not any(needle in lowered for needle in self._needles):
             return False
-        if any(self.is_relevant_word(word) for word in self._words_with_cores(text, lowered)):
+        # `f"state_g_cache_{layer}"` names `state_g_cache_0` where the field is a number
+        if any(
+            self.is_relevant_word(word)
+            or (word.endswith("_") and self.is_relevant_word(word + "0"))
+            for word in self._words_with_cores(text, lowered)
+        ):
             return True
         return self._built_name.search(text) is not None

@@ -37,8 +37,6 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from replaylint.lint.syntax.ast_walk import walk
-
 Value = list[Any]
 
 _KEEPING_METHODS = frozenset({"_apply", "to", "half", "bfloat16", "type"})
@@ -57,12 +55,12 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     holds: dict[str, list[Value]] = {}
     installs: dict[tuple[str, str], list[Value]] = {}
 
-    nodes = list(walk(cls))
+    nodes = list(ast.walk(cls))
     aliases = _class_aliases(nodes)
 
     def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
         callees = holds.setdefault(attribute, []) if into is None else into
-        for node in walk(expr):
+        for node in ast.walk(expr):
             if len(callees) >= _MAX_CALLEES:
                 return
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
@@ -77,7 +75,7 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
             id(node): statement.name
             for statement in cls.body
             if isinstance(statement, ast.FunctionDef)
-            for node in walk(statement)
+            for node in ast.walk(statement)
         }
         if parts
         else {}
@@ -152,7 +150,7 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
     for statement in cls.body:
         if not (isinstance(statement, ast.FunctionDef) and statement.name in _KEEPING_METHODS):
             continue
-        for node in walk(statement):
+        for node in ast.walk(statement):
             if (isinstance(node, ast.Attribute) and node.attr == "float32") or (
                 isinstance(node, ast.Call)
                 and (
@@ -326,7 +324,7 @@ def constructors(cls: ast.ClassDef) -> list[str]:
             and isinstance(node.value, ast.Call)
             and isinstance(node.value.func, ast.Name)
             and node.value.func.id == first
-            for node in walk(statement)
+            for node in ast.walk(statement)
         )
         if made or annotated in {cls.name, "Self", "typing.Self", "typing_extensions.Self"}:
             found.append(statement.name)
@@ -352,7 +350,7 @@ def restorers(tree: ast.Module) -> dict[str, list[str]]:
         restored = sorted(
             {
                 target.attr
-                for node in walk(function)
+                for node in ast.walk(function)
                 if isinstance(node, ast.Assign) and _makes_float32(node.value)
                 for target in node.targets
                 if isinstance(target, ast.Attribute)

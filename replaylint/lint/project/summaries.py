@@ -32,7 +32,6 @@ from typing import Any
 
 from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
-from replaylint.lint.syntax.ast_walk import walk
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -142,7 +141,7 @@ class _Summariser:
         elif isinstance(statement, ast.ClassDef):
             self._define(statement.name, self._class(statement))
         elif isinstance(statement, CONDITIONAL):
-            for node in walk(statement):  # bound under a condition: not certain
+            for node in ast.walk(statement):  # bound under a condition: not certain
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                     self.spoiled.add(node.id)
                 elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -156,13 +155,13 @@ class _Summariser:
                 self._spoil_targets(target)
 
     def _spoil_targets(self, target: ast.expr) -> None:
-        for node in walk(target):
+        for node in ast.walk(target):
             if isinstance(node, ast.Name):
                 self.spoiled.add(node.id)
 
     def _scan_everything(self) -> None:
         """Rebindings and mutations anywhere in the module, and every module it imports."""
-        for node in walk(self.tree):
+        for node in ast.walk(self.tree):
             self._list_attribute(node)
             if isinstance(node, (ast.Global, ast.Nonlocal)):
                 self.spoiled.update(node.names)
@@ -354,7 +353,7 @@ class _Summariser:
                 else:
                     entry = ["method", statement.lineno, UNKNOWN]
             elif isinstance(statement, CONDITIONAL):
-                for node in walk(statement):
+                for node in ast.walk(statement):
                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                         spoiled.add(node.id)
             if name is not None and entry is not None:
@@ -391,7 +390,7 @@ def _raw_reads(function: ast.FunctionDef | ast.AsyncFunctionDef, value_of: Any) 
     and casts nothing: what it returns is read as stored."""
     reads: list[Value] = []
     returns = False
-    for node in walk(function):
+    for node in ast.walk(function):
         if isinstance(node, ast.Return) and node.value is not None:
             returns = True
         if not isinstance(node, ast.Call):

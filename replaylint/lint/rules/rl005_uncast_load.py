@@ -33,7 +33,9 @@ Recognised loads: `torch.load(...)` and `safetensors.torch.load_file(...)` (dire
 local), `safe_open(...).get_tensor(key)`, `state_dict[key]` / `checkpoint.get(key)` / `checkpoint.pop(key)` where the
 container was loaded or is a parameter named like a state dict or checkpoint, and
 `torch.from_numpy(np.load(...))` (`np.memmap`, `np.fromfile`, and `np.array(...)` /
-`np.asarray(...)` of such an array included), `pickle.load(...)`, and raw bytes read with
+`np.asarray(...)` of such an array, and its `.astype(dtype)` to a dtype not provably float32,
+included), `pickle.load(...)`, a tensor handed over by another library or process
+(`torch.utils.dlpack.from_dlpack(...)`, `torch.from_dlpack(...)`), and raw bytes read with
 `torch.frombuffer(raw, dtype=...)` in any dtype but float32 (the fix casts the result: reading the
 same bytes as float32 would give other numbers). The load is followed through device moves
 (`torch.load(path, mmap=True).to(device)`) and into generators and helpers that return or yield

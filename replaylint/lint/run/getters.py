@@ -21,7 +21,6 @@ from replaylint.lint.gatecache.learning import learnable
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.ring_order import gate_rings_by_order, written_name
 from replaylint.lint.run.files import FileProblem, read_source
-from replaylint.lint.syntax.ast_walk import walk
 
 # `a, b, g = obj.method(...)` (three or four targets), captured: the targets and the method
 _UNPACKED_CALL = re.compile(
@@ -77,7 +76,7 @@ def names_from_getters(
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
-        for node in walk(tree):
+        for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name in getters:
                 place, count = getters[node.name]
                 for name, row in _returned_at(node, place, count):
@@ -90,7 +89,7 @@ def names_from_getters(
 
 def _returned_at(function: ast.FunctionDef, place: int, count: int) -> list[tuple[str, int]]:
     found = []
-    for node in walk(function):
+    for node in ast.walk(function):
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
             elements = node.value.elts
             if len(elements) == count and (name := written_name(elements[place])) is not None:
