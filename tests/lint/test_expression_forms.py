@@ -376,3 +376,19 @@ def test_to_a_reference_tensor_takes_its_dtype(cast: str, expected: list[tuple[i
 def test_handover_forms(body: str, expected: list[tuple[int, str]]) -> None:
     source = f"import torch\n\n{body}"
     assert [(f.location.row, f.code) for f in Linter().check(source, "m.py")] == expected
+
+
+def test_a_ring_unpacked_from_a_comprehension_and_passed_on_has_the_comprehensions_dtype() -> None:
+    source = (
+        "import torch\n\n"
+        "def warm(shapes, act):\n"
+        "    d, k, g = (torch.zeros(s, dtype=act) for s in shapes)\n"
+        "    return launch(d_cache=d, k_cache=k, g_cache=g)\n\n"
+        "def warm_fp32_gate(shapes, act):\n"
+        "    d, k, g = (torch.zeros(s, dtype=t) for s, t in zip(shapes, (act, act, torch.float32)))\n"
+        "    return launch(d_cache=d, k_cache=k, g_cache=g)\n"
+    )
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(4, "RL002")]
+    # the one expression makes all three rings: changing its dtype is no fix of the gate's
+    assert findings[0].fix is None

@@ -31,7 +31,7 @@ from replaylint.lint.dataflow.facts import (
 )
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding, all_params
-from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env
+from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -362,6 +362,53 @@ def element_binding_facts(
     return tuple(replace(f, target=None) for f in facts)
 
 
+def _comprehension_element(
+    prov: Provenance,
+    value: cst.ListComp | cst.GeneratorExp,
+    position: int,
+    site: Site,
+    env: Env,
+) -> tuple[TensorFact, ...] | None:
+    """Element ``position`` of ``d, k, g = (torch.zeros(s, dtype=act) for s in shapes)``: what
+    the comprehension makes in that iteration (in any iteration when they are not known). The
+    one expression makes every element, so changing its dtype is no fix of one of them."""
+    loop = value.for_in
+    if loop.inner_for_in is not None or loop.ifs:
+        return None
+    iterations = prov.iterations(loop.target, loop.iter, site)
+    if iterations is None:
+        iterations = _zipped_iterations(prov, loop, position, site)
+    here = {**env, **iterations[position]} if iterations and position < len(iterations) else env
+    return tuple(replace(f, target=None) for f in prov.tensor_facts(value.elt, site, here))
+
+
+def _zipped_iterations(
+    prov: Provenance, loop: cst.CompFor, position: int, site: Site
+) -> list[Iteration] | None:
+    """For ``for s, t in zip(shapes, (act, act, torch.float32))``: the iterations of the zipped
+    literals alone (``t``), when the others (``shapes``) are not known."""
+    iterable, target = loop.iter, loop.target
+    if not (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "zip"
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == len(iterable.args)
+        and not any(arg.star or arg.keyword for arg in iterable.args)
+    ):
+        return None
+    merged: list[Iteration] = []
+    for element, arg in zip(target.elements, iterable.args, strict=True):
+        found = prov.iterations(element.value, arg.value, site)
+        if found is None:
+            continue
+        while len(merged) < len(found):
+            merged.append({})
+        for iteration, env in zip(merged, found, strict=False):
+            iteration.update(env)
+    return merged if len(merged) > position else None
+
+
 def element_facts(
     prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env = NO_ENV
 ) -> tuple[TensorFact, ...] | None:
@@ -370,6 +417,8 @@ def element_facts(
     held = records.field_value(prov, value, position, site, env)
     if held is not None:
         return prov.tensor_facts(held.value, held.site, env)
+    if isinstance(value, (cst.ListComp, cst.GeneratorExp)):
+        return _comprehension_element(prov, value, position, site, env)
     if not isinstance(value, cst.Call):
         return None
     returned = callable_facts(prov, value, site, env, element=position)

@@ -133,6 +133,8 @@ class Rule(Visitor):
         if self.provenance.is_mapping(binding.name, binding.site, binding.display):
             return ()
         if binding.element is not None:
+            if isinstance(binding.value, (cst.ListComp, cst.GeneratorExp)):
+                return ()  # `d, k, g_cache = (... for ...)`: RL006 judges the one expression
             facts = element_facts(self.provenance, binding.value, binding.element, binding.site)
             return facts or ()
         entry = table_entry_facts(self.provenance, binding.statement, binding.value, binding.site)
