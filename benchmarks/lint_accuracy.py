@@ -70,7 +70,18 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = Path(__file__).resolve().parent / "accuracy"
-HALVES = ("dev", "heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
+HALVES = (
+    "dev",
+    "heldout",
+    "fresh",
+    "fresh2",
+    "fresh3",
+    "fresh4",
+    "fresh5",
+    "fresh6",
+    "fresh7",
+    "fresh8",
+)
 CATEGORIES = (
     "pool-dtype",
     "default-dtype",

@@ -1,0 +1,1 @@
+"""Triton Inference Server Python backend for the KDA hybrid decoder (ReplaySSM decode)."""
