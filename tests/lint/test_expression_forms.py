@@ -392,3 +392,18 @@ def test_a_ring_unpacked_from_a_comprehension_and_passed_on_has_the_comprehensio
     assert [(f.location.row, f.code) for f in findings] == [(4, "RL002")]
     # the one expression makes all three rings: changing its dtype is no fix of the gate's
     assert findings[0].fix is None
+
+
+def test_a_loop_over_the_items_of_a_dict_comprehension_over_ring_names() -> None:
+    source = (
+        "import torch\n\n"
+        "class Pool:\n"
+        "    def swap_space(self, n):\n"
+        "        shapes = {name: getattr(self, name).shape for name in ('d_cache', 'g_cache')}\n"
+        "        return {name: torch.zeros(n, *s[1:], dtype=self.d_cache.dtype)"
+        " for name, s in shapes.items()}\n"
+    )
+    findings = Linter().check(source, "m.py")
+    assert [(f.location.row, f.code) for f in findings] == [(6, "RL006")]
+    fixed = Linter().fix(source, "m.py").source
+    assert 'dtype=torch.float32 if name == "g_cache" else self.d_cache.dtype' in fixed

@@ -118,3 +118,26 @@ def test_a_ring_allocated_with_a_declared_gate_dtype_setting(
 def test_a_gate_dtype_setting_no_module_declares_is_judged_where_it_is_used() -> None:
     body = "def allocate(spec, shape):\n    return {'g_cache': torch.zeros(shape, dtype=spec.gate_dtype)}\n"
     assert _codes(body) == [("RL002", 4)]
+
+
+def test_a_dtype_field_named_like_the_gate_cache_is_its_dtype_setting() -> None:
+    body = (
+        "from typing import NamedTuple\n\n"
+        "class SlotDtypes(NamedTuple):\n"
+        "    d_cache: torch.dtype = torch.bfloat16\n"
+        "    g_cache: torch.dtype = torch.bfloat16\n\n"
+        "class Pool:\n"
+        "    def __init__(self, shape, dtypes=SlotDtypes()):\n"
+        "        self.g_cache = torch.zeros(shape, dtype=dtypes.g_cache)\n"
+        "    def grow(self, n):\n"
+        "        self.g_cache = torch.cat([self.g_cache, self.g_cache.new_zeros(n)])\n"
+    )
+    # the field's default is reported; the allocation reading it, and the ring's own
+    # reassignments, are not judged again
+    assert _codes(body) == [("RL001", 7)]
+    # a field named like the ring without a dtype annotation is no setting
+    assert _codes(
+        body.replace("g_cache: torch.dtype", "g_cache: int").replace(
+            "torch.bfloat16\n\nclass Pool", "0\n\nclass Pool"
+        )
+    ) == [("RL002", 11)]

@@ -20,6 +20,7 @@ import libcst as cst
 from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
 from replaylint.lint.syntax.nodes import binding_name, read_names
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -67,13 +68,38 @@ def named_gate_dtype(
     if value is None or not isinstance(target, (cst.Name, cst.Attribute)):
         return None
     name = binding_name(target)
-    if name is None or not prov.index.gate_caches.names_gate_dtype(name):
+    names = prov.index.gate_caches
+    if name is None or not (
+        names.names_gate_dtype(name) or (names.matches(name) and _declared_a_dtype(target, site))
+    ):
         return None
     literals = {fact.dtype for fact in prov.dtype_facts(value, site)}
     narrower = sorted(d for d in literals if d is not None and d != "float32")
     if not literals or None in literals or not narrower or not literals <= _FLOATING:
         return None
     return name, narrower
+
+
+def _declared_a_dtype(target: cst.CSTNode, site: Site) -> bool:
+    """Whether ``target`` is declared ``<name>: torch.dtype = ...`` in its statement: a field
+    named like the gate cache itself that holds its dtype (``decay_ring: torch.dtype``)."""
+    statement = site.statement
+    body = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
+    return any(
+        isinstance(small, cst.AnnAssign)
+        and small.target is target
+        and is_dtype_annotation(small.annotation)
+        for small in body
+    )
+
+
+def is_dtype_annotation(annotation: cst.Annotation) -> bool:
+    """``torch.dtype`` or ``dtype`` (also optional: ``Optional[torch.dtype]``, ``torch.dtype |
+    None``)."""
+    return any(
+        isinstance(node, (cst.Name, cst.Attribute)) and binding_name(node) == "dtype"
+        for node in descendants(annotation.annotation)
+    )
 
 
 # settings whose dtype is float32 by their role: the checkpoint state, accumulators, master weights

@@ -286,6 +286,8 @@ def _literal_items(
         if isinstance(mapping, cst.Call):
             returned = _returned_literal(prov, mapping, site)
             mapping, mapping_site = returned if returned is not None else (None, site)
+        if isinstance(mapping, cst.DictComp):
+            return _comprehended_items(prov, mapping, mapping_site, method, depth)
         if not isinstance(mapping, cst.Dict):
             return None
         elements = [e for e in mapping.elements if isinstance(e, cst.DictElement)]
@@ -297,6 +299,28 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _comprehended_items(
+    prov: Provenance, mapping: cst.DictComp, site: Site, method: str, depth: int
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """The keys (values, items) of ``{name: f(name) for name in ("d", "k", "g")}``: a key is the
+    string it evaluates to in each iteration; a value, the expression as written."""
+    loop = mapping.for_in
+    if loop.inner_for_in is not None or loop.ifs or depth > 4:
+        return None
+    found = iterations(prov, loop.target, loop.iter, site)
+    if found is None:
+        return None
+    keys = [string_value(prov, mapping.key, site, env) for env in found]
+    if any(key is None for key in keys):
+        return None
+    written = [cst.SimpleString(repr(key)) for key in keys]
+    if method == "keys":
+        return [(key, site) for key in written]
+    if method == "values":
+        return [(mapping.value, site) for _ in written]
+    return [(_pair(key, mapping.value), site) for key in written]
 
 
 def _constant_slice(expr: cst.BaseExpression) -> slice | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
+from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype, is_dtype_annotation
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -46,7 +46,9 @@ that is given the dtype of another setting — `self.log_decay_dtype = self.dtyp
 setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here. A
 ring allocated with such a setting (`dtype=spec.gate_dtype`) whose only declarations in the module
 are class fields with a literal dtype default, never reassigned, is judged at that declaration
-(RL001 reports a `torch.bfloat16` default there), not once more at every allocation.
+(RL001 reports a `torch.bfloat16` default there), not once more at every allocation. A field
+annotated as a dtype and named like the gate cache itself (`decay_ring: torch.dtype =
+torch.bfloat16` in a record of the rings' dtypes) is such a setting too.
 
 In a run over a project, a dtype imported from another module of the project is followed to its
 definition (constants, aliases, re-exports, functions, string tables, class constants and
@@ -503,10 +505,12 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
         torch.dtype = torch.bfloat16``) and never assigns (a ``setattr`` that swaps submodules
         is not counted): the declaration decides the ring's dtype, and RL001 reports it there
         when it is not float32."""
-        if not (
-            isinstance(dtype, cst.Attribute)
-            and self.context.gate_caches.names_gate_dtype(name := dtype.attr.value)
-        ):
+        if not isinstance(dtype, cst.Attribute):
+            return False
+        name, names = dtype.attr.value, self.context.gate_caches
+        # a field named like the gate cache itself counts where it is declared a dtype
+        typed = not names.names_gate_dtype(name)
+        if typed and not names.matches(name):
             return False
         index = self.provenance.index
         defaults = [
@@ -516,26 +520,35 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             for line in cls.body.body
             if isinstance(line, cst.SimpleStatementLine)
             for small in line.body
-            for value in _class_field_value(small, name)
+            for value in _class_field_value(small, name, typed=typed)
         ]
         return (
             bool(defaults)
             and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
-            and not index.assigns_attribute(name, by_setattr=False)
+            # `self.decay_ring = ...` of a field named like the ring is the ring, not the field
+            and (typed or not index.assigns_attribute(name, by_setattr=False))
         )
 
 
-def _class_field_value(statement: cst.BaseSmallStatement, name: str) -> list[cst.BaseExpression]:
-    """The default a class-body statement gives the field ``name`` (none: not that field)."""
+def _class_field_value(
+    statement: cst.BaseSmallStatement, name: str, *, typed: bool = False
+) -> list[cst.BaseExpression]:
+    """The default a class-body statement gives the field ``name`` (none: not that field);
+    ``typed``: only a field annotated as a dtype."""
     if (
         isinstance(statement, cst.AnnAssign)
         and isinstance(statement.target, cst.Name)
         and statement.target.value == name
         and statement.value is not None
+        and (not typed or is_dtype_annotation(statement.annotation))
     ):
         return [statement.value]
-    if isinstance(statement, cst.Assign) and any(
-        isinstance(t.target, cst.Name) and t.target.value == name for t in statement.targets
+    if (
+        not typed
+        and isinstance(statement, cst.Assign)
+        and any(
+            isinstance(t.target, cst.Name) and t.target.value == name for t in statement.targets
+        )
     ):
         return [statement.value]
     return []
