@@ -52,8 +52,8 @@ python -m pip check
 echo "== pytest (tests/lint, minimum versions)"
 # Test tools at any version, with the pins held (pip check catches a conflict).
 python -m pip install --quiet "pytest>=8" "hypothesis>=6.100" "hypothesmith>=0.3.3" \
-    "jsonschema>=4.20" "junitparser>=3.1" "${pins[@]}"
+    "jsonschema>=4.20" "junitparser>=3.1" "pytest-xdist>=3.5" "${pins[@]}"
 python -m pip check
 python -m pip list --format=freeze | grep -iE '^(libcst|typing.extensions|tomli)=' || true
 # pytest-asyncio (for the language-server tests) is not installed here: its ini key is unknown.
-python -m pytest -q -p no:cacheprovider -W "ignore::pytest.PytestConfigWarning" tests/lint "$@"
+python -m pytest -q -n auto -p no:cacheprovider -W "ignore::pytest.PytestConfigWarning" tests/lint "$@"

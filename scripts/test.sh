@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything and run every check: ruff, mypy and the test suite (CPU; GPU tests skip
-# without CUDA). Extra arguments go to pytest, e.g. `scripts/test.sh -k sarif`.
+# without CUDA), spread over the CPUs (pytest-xdist). Extra arguments go to pytest, e.g.
+# `scripts/test.sh -k sarif`, or `scripts/test.sh -n 0` for one process.
 # torch comes first, as `pip install $TORCH_SPEC` (default: torch==2.13.0). That pin is the CPU
 # build only where the index or a local wheel house serves a CPU wheel for it (as on this
 # project's CI machines); from PyPI on Linux x86_64 it is the CUDA build. To choose, e.g.:
@@ -19,4 +20,4 @@ echo "== mypy"
 mypy
 echo "== pytest"
 export HELION_INTERPRET="${HELION_INTERPRET:-1}"
-python -m pytest -q "$@"
+python -m pytest -q -n auto "$@"
