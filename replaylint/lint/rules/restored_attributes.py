@@ -2,9 +2,10 @@
 setattr(cache, name, t)``.
 
 The loop names no ring, so no single statement binds the gate cache; but when the object holds
-one (the function, its class or the object's class names ``cache.la_cache``), that attribute comes back as the entry
-saved under its name, in the dtype it was saved with. Which names the mapping holds is not known,
-so the gate-cache names are the object's own attributes that name one.
+one (the function, its class or the object's class names ``cache.la_cache``), that attribute
+comes back as the entry saved under its name, in the dtype it was saved with. Which names the
+mapping holds is not known, so the gate-cache names are the object's own attributes that name
+one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ __all__ = ["Restore", "restored_by_setattr"]
 class Restore:
     """One ``setattr(obj, key, value)`` of a loop over a loaded mapping's items."""
 
-    call: cst.Call
     owner: str
     """The object's name (``cache``, ``self``)."""
     key: str
@@ -84,7 +84,7 @@ def restored_by_setattr(
             continue
         passed = arguments[2].value
         assert isinstance(passed, cst.Name)
-        found.append(Restore(call, owner.value, key.value, passed, gate_caches, loads[0]))
+        found.append(Restore(owner.value, key.value, passed, gate_caches, loads[0]))
     return found
 
 
