@@ -356,3 +356,69 @@ class Gate(nn.Module):
             rings.g_cache = -self.A_log.exp() * F.softplus(self.f_proj(x))
 """
     assert _rows(source) == [(20, "RL003")]  # the fast branch; the helper casts
+
+
+_SEED = """
+import torch
+from torch import nn
+
+
+class Seeder(nn.Module):
+    def __init__(self, config, checkpoint):
+        super().__init__()
+        self.config = config
+        self.w_a = nn.Parameter(torch.load(checkpoint)["w_a"])
+
+    def seed(self, hidden, rings):
+        a = hidden[0] @ self.w_a.T
+        rings.g_cache = {line}
+"""
+
+
+@pytest.mark.parametrize(
+    ("line", "flagged"),
+    [
+        # a product with one of the module's weights is a layer's output, whatever the
+        # argument is; a setting of the config is a number
+        ("self.config.gate_lower_bound * torch.sigmoid(a)", True),
+        ("-torch.nn.functional.softplus(a.t())", True),
+        ("self.config.gate_lower_bound * torch.sigmoid(a.float())", False),
+        # a ring the caller passes is judged where it is made
+        ("rings.g_cache * 0.5", False),
+    ],
+)
+def test_a_product_with_a_weight_is_an_activation(line: str, flagged: bool) -> None:
+    rows = _rows(_SEED.format(line=line))
+    assert (rows == [(13, "RL003")]) if flagged else rows == []
+
+
+def test_a_ring_named_by_a_records_fields_is_checked_where_it_is_handed_on() -> None:
+    # `decay` is the gate ring by its place after `d` and `k` in the record's fields; a local of
+    # that name is not checked where it is computed, but where it becomes the record's field
+    source = """
+        import torch
+        from typing import NamedTuple
+        from torch import nn
+
+
+        class Seed(NamedTuple):
+            d: torch.Tensor
+            k: torch.Tensor
+            decay: torch.Tensor
+
+
+        class Layer(nn.Module):
+            def forward(self, hidden, g_cache):
+                decay = 0.5 * torch.sigmoid(hidden)
+                {handed_on}
+        """
+
+    def rows(handed_on: str) -> list[tuple[int, str]]:
+        text = textwrap.dedent(source.replace("{handed_on}", handed_on)).lstrip("\n")
+        linter = Linter(Settings())
+        linter.learn([("m.py", text)])
+        return [(f.location.row, f.code) for f in linter.check(text, "m.py")]
+
+    assert rows("return Seed(d=hidden, k=hidden, decay=decay)") == [(14, "RL003")]
+    assert rows("return Seed(d=hidden, k=hidden, decay=decay.float())") == []
+    assert rows("return hidden, hidden, decay") == []

@@ -278,3 +278,57 @@ def test_a_module_that_only_names_its_rings_teaches_the_gate_ring(
     rows = sorted(line.split(":")[1] for line in out.splitlines() if "engine.py:" in line)
     assert rows == ["13", "8"]  # the default-dtype ring, the loop over `RINGS[:3]`
     assert "written after `d_cache` and `k_cache`" in out
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # the fields of a record, the keywords of a call, the keys of a dict: one-letter ring
+        # words count there
+        (
+            "class Seed(NamedTuple):\n    d: Tensor\n    k: Tensor\n    decay: Tensor",
+            ["decay"],
+        ),
+        ("seed = Seed(d=v, k=key, decay=g.contiguous())", ["decay"]),
+        ('rings = {"state": s, "d": d, "k": k, "decay": g}', ["decay"]),
+        # what else a state holds is never the gate ring
+        ('rings = {"d": d, "k": k, "state": s}', []),
+        ("seed = Seed(d=v, k=key, num_steps=3)", []),
+        ("class Dims:\n    d: int\n    k: int\n    v: int", []),
+        # a tuple of one-letter names is no declaration
+        ("rows = (d, k, decay)", []),
+    ],
+)
+def test_a_declaration_names_the_gate_ring_by_its_place(source: str, expected: list[str]) -> None:
+    assert _ordered(source) == expected
+
+
+def test_a_one_word_name_guessed_from_its_place_does_not_qualify() -> None:
+    from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+
+    guessed = LearnedFrom("m.py", 1, "", "written after `d` and `k`, in the place of the gate ring")
+    names = GateCacheNames().with_learned({"decay": guessed})
+    assert all(names.matches(name) for name in ("decay", "decays", "decay_ring"))
+    assert not any(names.matches(name) for name in ("weight_decay", "neutral_decay"))
+    # a name taught by a decode call qualifies as before
+    taught = GateCacheNames().with_learned({"decay": LearnedFrom("m.py", 1, "decode")})
+    assert taught.matches("weight_decay")
+
+
+def test_data_made_for_a_file_is_not_a_ring() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def write_legacy(path, ring):
+            torch.save({"g_cache": torch.full((2, 4), -0.125, dtype=torch.half)}, path)
+
+        def write_cast(path, ring):
+            torch.save({"g_cache": ring.half()}, path)
+
+        def kept(ring):
+            return {"g_cache": torch.full((2, 4), -0.125, dtype=torch.half)}
+        """
+    )
+    rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
+    assert rows == [(8, "RL004"), (11, "RL001")]

@@ -147,17 +147,46 @@ class _Trace:
             operands = [o for o in (expr.left, expr.right) if not is_scalar(prov, o, site, env)]
             sources = [self.source(operand, site, env, steps) for operand in operands]
             if isinstance(expr.operator, cst.MatrixMultiply):
-                # no promotion: both operands have one dtype (or torch raises), either tells it
-                return next((found for found in sources if found), None)
+                # no promotion: both operands have one dtype (or torch raises), either tells it;
+                # a product with one of the module's weights is a layer's output (`x @ self.w.T`)
+                found = next((found for found in sources if found), None)
+                if found is None and not self.passed_only:
+                    found = next(
+                        (
+                            f"`{one_line(prov.index.module, expr)}`, a layer's output"
+                            for operand in (expr.left, expr.right)
+                            if self._module_weight(operand)
+                        ),
+                        None,
+                    )
+                return found
             return sources[0] if sources and all(sources) else None
         if isinstance(expr, cst.Call):
             return self._call(expr, site, env, steps)
         return None
 
+    def _module_weight(self, operand: cst.BaseExpression) -> bool:
+        """``self.w``, ``self.w.T``, ``self.w.t()``: a weight the module holds (not a ring)."""
+        if isinstance(operand, cst.Call) and method_name(operand) in {"t", "transpose"}:
+            operand = operand.func.value if isinstance(operand.func, cst.Attribute) else operand
+        if isinstance(operand, cst.Attribute) and operand.attr.value in {"T", "mT"}:
+            operand = operand.value
+        return (
+            isinstance(operand, cst.Attribute)
+            and isinstance(operand.value, cst.Name)
+            and operand.value.value == "self"
+            and not self.prov.index.gate_caches.matches(operand.attr.value)
+        )
+
     def _name(self, expr: cst.Name, site: Site, env: Env, steps: int) -> str | None:
         prov = self.prov
-        if prov.index.gate_caches.matches(expr.value):
-            return None  # a gate cache is checked where it is made
+        names = prov.index.gate_caches
+        if names.matches(expr.value):
+            origin = names.learned_from(expr.value)
+            if origin is None or not origin.guessed:
+                return None  # a gate cache is checked where it is made
+            # a local only guessed to be the ring is not checked where it is made (a forward's
+            # `log_decay`): where it becomes a ring, what it is computed from decides
         bound = bound_in(env, expr)
         if bound is not None and not self.passed_only:
             # a loop variable, or the argument of the call being evaluated: what it holds

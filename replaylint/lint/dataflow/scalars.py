@@ -172,12 +172,30 @@ def _scalar_attribute(prov: Provenance, attribute: cst.Attribute, site: Site, en
     annotated as a number in a class of the module (``config.gate_lower_bound``)."""
     name = attribute.attr.value
     receiver = attribute.value
+    if _is_config(receiver):
+        return True  # a setting: configs hold numbers, strings and dtypes, not tensors
     owner = site.enclosing_class()
     if isinstance(receiver, cst.Name) and receiver.value == "self" and owner is not None:
         values = list(instance_values(prov, owner, name))
         if values:
             return all(is_none_literal(v) or is_scalar(prov, v, where, env) for v, where in values)
     return any(_annotates_number(cls, name) for cls in prov.index.classes())
+
+
+_CONFIG_NAMES = frozenset({"config", "cfg", "conf", "args", "hparams", "settings", "options"})
+_CONFIG_SUFFIXES = ("_config", "_cfg", "_conf", "_args", "_settings")
+
+
+def _is_config(receiver: cst.BaseExpression) -> bool:
+    """``config``, ``self.config``, ``model.cfg``, ``decode_config``: an object of settings."""
+    if isinstance(receiver, cst.Name):
+        name = receiver.value
+    elif isinstance(receiver, cst.Attribute):
+        name = receiver.attr.value
+    else:
+        return False
+    name = name.lower()
+    return name in _CONFIG_NAMES or name.endswith(_CONFIG_SUFFIXES)
 
 
 def _annotates_number(cls: cst.ClassDef, name: str) -> bool:

@@ -98,6 +98,13 @@ class BindingWalker(Visitor):
         value = binding.value
         if not (isinstance(value, cst.Name) and self.names.matches(value.value)):
             self._found(binding)
+            return
+        origin = self.names.learned_from(value.value)
+        if origin is not None and origin.guessed:
+            # a name only guessed from its place is not checked everywhere it is bound (a
+            # forward's `decay`): where it is handed on as the ring, it is (a finding made at
+            # the same node for both is reported once)
+            self._found(binding)
 
     # Our traversal only dispatches methods whose own name is visit_*/leave_*, so each statement
     # kind gets its two one-line methods.
@@ -324,9 +331,14 @@ class BindingWalker(Visitor):
         self._bind(node.target, node.value, node, self._walrus_shared.pop(id(node), ()))
 
     def visit_Dict(self, node: cst.Dict) -> None:
+        saved = self._saved_payload(node)
         for element in node.elements:
             if isinstance(element, cst.DictElement):
                 key = literal_string(element.key)
+                if saved and _made_afresh(element.value):
+                    # data made for a file (`torch.save({"g_cache": torch.full(...)}, path)`):
+                    # the file's format, not a ring; its load is checked where it is loaded
+                    continue
                 if key is not None and self.names.matches(key):
                     display = self.module.code_for_node(element.key)
                     self._passed(GateCacheBinding(key, display, element.value, node, self.site()))
@@ -384,6 +396,20 @@ class BindingWalker(Visitor):
                 else one_line(self.module, written, 40)
             )
             self._found(GateCacheBinding(key, display, value, node, self.site()))
+
+    def _saved_payload(self, node: cst.Dict) -> bool:
+        """Whether ``node`` is what a statement ``torch.save(node, path)`` (``np.savez``,
+        ``pickle.dump``, ``save_file``) writes."""
+        statement = self._statements[-1] if self._statements else None
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        expr = statement.body[0]
+        if not isinstance(expr, cst.Expr) or not isinstance(expr.value, cst.Call):
+            return False
+        call = expr.value
+        return method_name(call) in _SAVES and any(
+            arg.value is node for arg in positional_args(call)[:1]
+        )
 
     def _gate_parameters_of(self, func: cst.BaseExpression) -> list[tuple[int, str]]:
         """(position, name) of the gate-cache parameters of the module's function, method or
@@ -540,3 +566,22 @@ def _is_property(decorator: cst.BaseExpression) -> bool:
     if isinstance(decorator, cst.Name):
         name = decorator.value
     return name in {"property", "cached_property"}
+
+
+_SAVES = frozenset({"save", "savez", "savez_compressed", "dump", "save_file"})
+_FACTORY_MODULES = frozenset({"torch", "np", "numpy"})
+
+
+def _made_afresh(value: cst.BaseExpression) -> bool:
+    """A call of a factory (``torch.full(...)``, ``np.zeros(...)``, a local ``full(...)``), not
+    a method of a tensor (``ring.half()``): data made on the spot."""
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    if isinstance(func, cst.Name):
+        return True
+    return (
+        isinstance(func, cst.Attribute)
+        and isinstance(func.value, cst.Name)
+        and func.value.value in _FACTORY_MODULES
+    )

@@ -92,7 +92,7 @@ def learn_gate_cache_names(
             earlier = learned.get(name)
             # a call that passes the name outranks a guess from its place
             if (earlier is None or (earlier.guessed and not origin.guessed)) and learnable(
-                name, known
+                name, patterns
             ):
                 learned[name] = origin
     return learned

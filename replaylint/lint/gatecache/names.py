@@ -83,10 +83,16 @@ class GateCacheNames:
         # is learned): by lower-case name, the name as learned
         self._learned_lower = {name.lower(): name for name in sorted(self.learned, reverse=True)}
         # a learned name also names its qualified variants, as `*_g_cache` does `g_cache`'s:
-        # `pad_decay_ring` when `decay_ring` was learned
+        # `pad_decay_ring` when `decay_ring` was learned; not a one-word name guessed from its
+        # place (`decay` beside `d` and `k` does not make `weight_decay` a ring)
         suffixes = "|".join(re.escape(name) for name in sorted(self.learned))
+        qualifiable = "|".join(
+            re.escape(name)
+            for name in sorted(self.learned)
+            if "_" in name.strip("_") or not self.learned[name].guessed
+        )
         self._qualified = re.compile(
-            f"[A-Za-z0-9_]*_({suffixes})s?" if suffixes else "(?!)", re.IGNORECASE
+            f"[A-Za-z0-9_]*_({qualifiable})s?" if qualifiable else "(?!)", re.IGNORECASE
         )
         # ... its plural and its name with a ring word after it, as a pattern's plural is:
         # `log_alpha_rings` when `log_alpha_ring` was, `alpha_log_ring` when `alpha_log` was

@@ -10,6 +10,12 @@ a d-ring word, then a k-ring word, then another word in the same place (``nc_d, 
 ``delta_rows, key_rows, alpha_rows``) make the third the gate ring. A one-word name needs whole
 words (``delta, key, alpha``), and words that name metadata (``_shape``, ``_dtype``) or are too
 generic to mean the gate ring (``g``, ``x``) are never taken.
+
+Declarations name their rings too: the fields of a record class (``d: Tensor``, ``k: Tensor``,
+``decay: Tensor``), the keywords of a call (``Seed(d=..., k=..., decay=...)``) and the keys of a
+dict literal (``{"d": ..., "k": ..., "decay": ...}``). There the one-letter ``d`` and ``k`` count
+as the ring words: a declaration spells each field out, so ``d, k, decay`` in that order is a
+ring layout, where a tuple ``(d, k, x)`` may be dimensions or counts.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ _METADATA = frozenset(
     | {"heads", "model", "v", "value", "values", "q", "query"}
 )
 _GENERIC = frozenset({"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"})
+# what else a decode state holds beside its rings: never the gate ring's own word
+_NOT_RINGS = frozenset(
+    {"state", "states", "checkpoint", "checkpoints", "pos", "position", "positions", "slot"}
+    | {"slots", "cursor", "cursors", "length", "lengths", "count", "counts", "mask", "masks"}
+    | {"seqlen", "seqlens", "step", "steps", "ptr", "id", "ids", "num", "n"}
+)
 # a name with a d-ring word, a comma, a name with a k-ring word: the text of a row of rings
 _ROW = re.compile(
     rb"(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
@@ -46,9 +58,23 @@ _STATEMENT_ROW = re.compile(
 )
 
 
+# a declaration row: `d: Tensor` over `k: Tensor` (fields), `d=..., k=...` (keywords) or
+# `"d": ..., "k": ...` (keys); the value between the two names is short
+_DECLARED_ROW = re.compile(
+    rb"(?<![A-Za-z0-9_.])[\"']?(?:[A-Za-z0-9]+_)*(?:d|delta)(?:_\w*)?[\"']?[ \t]*[:=](?!=)"
+    rb"[^\n]{0,200}(?:,|\n)[ \t\n]*"
+    rb"[\"']?(?:[A-Za-z0-9]+_)*(?:k|key)(?:_\w*)?[\"']?[ \t]*[:=](?!=)",
+    re.IGNORECASE,
+)
+
+
 def may_list_rings(raw: bytes) -> bool:
     """Whether ``raw`` may write a row of rings (cheap: parse only the files that may)."""
-    return _ROW.search(raw) is not None or _STATEMENT_ROW.search(raw) is not None
+    return (
+        _ROW.search(raw) is not None
+        or _STATEMENT_ROW.search(raw) is not None
+        or _DECLARED_ROW.search(raw) is not None
+    )
 
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:
@@ -56,10 +82,16 @@ def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, Lea
     for node in walk(tree):
         if not isinstance(node, _ROW_HOLDERS):
             continue
-        for row in _rows(node):
-            names = [written_name(element) for element in row]
+        declared = _declared_rows(node)
+        rows = [([written_name(element) for element in row], False) for row in _rows(node)]
+        for names, one_letter in [*rows, *((row, True) for row in declared)]:
             for first, second, third in zip(names, names[1:], names[2:], strict=False):
-                if first and second and third and _third_of_family(first, second, third):
+                if (
+                    first
+                    and second
+                    and third
+                    and _third_of_family(first, second, third, one_letter=one_letter)
+                ):
                     reason = (
                         f"{WRITTEN_AFTER} `{first}` and `{second}`, in the place of the gate ring"
                     )
@@ -72,7 +104,7 @@ _BLOCKS: tuple[type[ast.AST], ...] = (
 )  # nodes with statement blocks
 
 
-_ROW_HOLDERS = (ast.Tuple, ast.List, ast.Call, *_BLOCKS)
+_ROW_HOLDERS = (ast.Tuple, ast.List, ast.Call, ast.Dict, *_BLOCKS)
 
 
 def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
@@ -102,6 +134,21 @@ def _rows(node: ast.AST) -> Iterator[Sequence[ast.expr]]:
             targets = []
 
 
+def _declared_rows(node: ast.AST) -> list[list[str | None]]:
+    """The field names of a class body, the keywords of a call, the string keys of a dict."""
+    if isinstance(node, ast.ClassDef):
+        fields: list[str | None] = []
+        for statement in node.body:
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+                fields.append(statement.target.id)
+        return [fields]
+    if isinstance(node, ast.Call):
+        return [[keyword.arg for keyword in node.keywords]] if len(node.keywords) >= 3 else []
+    if isinstance(node, ast.Dict):
+        return [[written_name(key) if key is not None else None for key in node.keys]]
+    return []
+
+
 def written_name(expr: ast.expr) -> str | None:
     """``ring`` for ``ring``, ``self.ring``, ``self.ring[i]``, ``"ring"``."""
     while isinstance(expr, ast.Subscript):
@@ -115,9 +162,9 @@ def written_name(expr: ast.expr) -> str | None:
     return None
 
 
-def _third_of_family(first: str, second: str, third: str) -> bool:
+def _third_of_family(first: str, second: str, third: str, *, one_letter: bool = False) -> bool:
     """``nc_d, nc_k, nc_decay``; ``d_ring, k_ring, log_gate_ring`` (the gate ring's own word may
-    be several); ``delta, key, alpha``."""
+    be several); ``delta, key, alpha``; with ``one_letter`` (a declaration), ``d, k, decay``."""
     d_words, k_words, own_words = (name.lower().split("_") for name in (first, second, third))
     if len(d_words) != len(k_words) or third.lower() in _GENERIC or len(third) <= 2:
         return False
@@ -132,8 +179,8 @@ def _third_of_family(first: str, second: str, third: str) -> bool:
         own_words[: len(prefix)] == prefix
         and own_words[len(own_words) - len(suffix) :] == suffix
         and bool(middle)
-        and d_words[place] in (_WHOLE_D if whole else _D_WORDS)
-        and k_words[place] in (_WHOLE_K if whole else _K_WORDS)
-        and not any(word in _D_WORDS | _K_WORDS | _METADATA for word in middle)
+        and d_words[place] in (_WHOLE_D if whole and not one_letter else _D_WORDS)
+        and k_words[place] in (_WHOLE_K if whole and not one_letter else _K_WORDS)
+        and not any(word in _D_WORDS | _K_WORDS | _METADATA | _NOT_RINGS for word in middle)
         and not any(word in _METADATA for word in own_words)
     )
