@@ -4,8 +4,10 @@ that never promote them (``dataflow/scalars.py``)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
+from project_support import lint_in_project
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
@@ -422,3 +424,55 @@ def test_a_ring_named_by_a_records_fields_is_checked_where_it_is_handed_on() -> 
     assert rows("return Seed(d=hidden, k=hidden, decay=decay)") == [(14, "RL003")]
     assert rows("return Seed(d=hidden, k=hidden, decay=decay.float())") == []
     assert rows("return hidden, hidden, decay") == []
+
+
+_KERNELS = """
+import torch.nn.functional as F
+
+
+def exact_log_decay(a, A_log):
+    return -A_log.float().exp() * F.softplus(a.float())
+
+
+def log_decay(a, A_log, lower_bound=None):
+    return exact_log_decay(a, A_log) if lower_bound is None else lower_bound * a.sigmoid()
+"""
+
+_MODEL = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kernels import {helper}
+
+
+class Gate(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.a_proj = nn.Linear(dim, dim)
+        self.A_log = nn.Parameter(torch.log(torch.linspace(1.0, 4.0, dim, dtype=torch.float32)))
+
+    def forward(self, x, rings):
+        rings.g_cache = {helper}(self.a_proj(x), self.A_log).float()
+
+    def fast(self, x, rings):
+        rings.g_cache = -self.A_log.exp() * F.softplus(self.a_proj(x))
+"""
+
+
+@pytest.mark.parametrize("helper", ["exact_log_decay", "log_decay"])
+def test_a_weight_a_function_of_another_module_upcasts_is_in_the_models_dtype(
+    tmp_path: Path, helper: str
+) -> None:
+    # made float32, but handed to a kernel helper that widens it (directly, or through another
+    # function of its module): the class expects it in the model's dtype at run time
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/kernels.py": _KERNELS,
+        "pkg/model.py": _MODEL.format(helper=helper),
+    }
+    rows = [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/model.py")]
+    assert rows == [(18, "RL003")]
+    # a helper that does not widen it says nothing: the float32 weight promotes the product
+    files["pkg/kernels.py"] = _KERNELS.replace("A_log.float()", "A_log")
+    assert lint_in_project(tmp_path, files, "pkg/model.py") == []

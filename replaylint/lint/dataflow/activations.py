@@ -42,6 +42,7 @@ from replaylint.lint.dataflow.torch_api import (
     ELEMENTWISE_METHODS,
     TORCH_ELEMENTWISE_FUNCTIONS,
 )
+from replaylint.lint.dataflow.widened import imported_upcasts
 from replaylint.lint.syntax.nodes import method_name, one_line, positional_args, string_key
 from replaylint.lint.syntax.sites import Site
 
@@ -227,7 +228,9 @@ class _Trace:
         ):
             return None
         described = f"`self.{name}`, a weight of `{owner.name.value}`"
-        if name in self.prov.index.upcast_attributes(owner):
+        if name in self.prov.index.upcast_attributes(owner) or name in imported_upcasts(
+            self.prov, owner
+        ):
             # however it is made, the class's own code expects it in another dtype at run time
             return f"{described} that the class casts to float32 elsewhere"
         values = list(instance_values(self.prov, owner, name))

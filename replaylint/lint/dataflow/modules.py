@@ -25,6 +25,7 @@ from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
 from replaylint.lint.dataflow.instances import MODULE_CHAIN
+from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     FLOAT32,
@@ -184,7 +185,7 @@ def assigning_load(
     if method_name(call) != "load_state_dict" or not isinstance(call.func, cst.Attribute):
         return None
     assign = keyword_arg(call, "assign")
-    if assign is None or not (isinstance(assign.value, cst.Name) and assign.value.value == "True"):
+    if assign is None or not _true(prov, assign.value, site):
         return None
     positional = positional_args(call)
     state = positional[0] if positional else keyword_arg(call, "state_dict")
@@ -197,6 +198,23 @@ def assigning_load(
         owner = site.enclosing_class()
         return classes.get(owner.name.value) if owner is not None else None
     return _instance_of(prov, receiver, site, classes, 0)
+
+
+def _true(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
+    """``True``, or a parameter that defaults to it (``def restore(..., assign: bool = True)``)
+    and is never rebound."""
+    if not isinstance(expr, cst.Name):
+        return False
+    if expr.value == "True":
+        return True
+    found = prov.lookup(expr.value, site, NO_ENV)
+    return bool(found) and all(
+        binding.kind == "param"
+        and isinstance(binding.node, cst.Param)
+        and isinstance(binding.node.default, cst.Name)
+        and binding.node.default.value == "True"
+        for binding, _ in found or ()
+    )
 
 
 def _rewritten(scope: cst.CSTNode, name: str) -> bool:

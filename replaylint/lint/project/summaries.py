@@ -32,6 +32,7 @@ from typing import Any
 
 from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
+from replaylint.lint.project.widening import widened_parameters
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -47,7 +48,8 @@ module, at any depth; ``name`` is None for ``import module``; ``writes_names``: 
 ``setattr`` of something other than ``self``/``cls`` may rebind the module's own names; ``lists``: attributes of ``self``
 that hold lists; ``loaders``: top-level functions that read tensors and cast nothing, with the
 callees that may read them; ``restorers``: functions and methods that put attributes back to
-float32, with those attributes)."""
+float32, with those attributes; ``widens``: functions that widen a parameter to float32, with
+those parameters, :mod:`~replaylint.lint.project.widening`)."""
 
 UNKNOWN: Value = ["unknown"]
 _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
@@ -105,6 +107,7 @@ class _Summariser:
             "imports": [list(item) for item in sorted(self.imports, key=str)],
             "loaders": self.loaders,
             "restorers": restorers(self.tree),
+            "widens": widened_parameters(self.tree),
         }
 
     # ------------------------------------------------------------------ top-level statements

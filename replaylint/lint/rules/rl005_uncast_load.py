@@ -335,6 +335,24 @@ loaded value — device, shape, layout — changes.
         Invalid(
             """
             import torch
+            from torch import nn
+
+            class StatePool(nn.Module):
+                def __init__(self, shape):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def restore(path, shape, assign: bool = True):
+                # the default keeps the memory-mapped storage, and the saved dtype with it
+                pool = StatePool(shape)
+                pool.load_state_dict(torch.load(path, mmap=True), assign=assign)
+                return pool
+            """,
+            message_contains="assign=True",
+        ),
+        Invalid(
+            """
+            import torch
 
             def restore(self, path):
                 state = torch.load(path, map_location="cpu")
