@@ -9,8 +9,9 @@ the project, at any depth) registers a floating gate buffer. A class on the way 
 itself what casts do (guarded, or overriding a cast method) stops the search: nothing is
 reported. The receiver must be understood in every way it may have been made: built by calling
 the class or one of its inherited constructors (``from_pretrained``, ``from_config``), returned
-by a function of the project whose result is such a call, a local bound only to those, or a
-parameter annotated with the class.
+by a function of the project whose result is such a call, a local bound only to those, a
+parameter annotated with the class, or a part of such an instance that its class's summary says
+holds one project class (``layer.attn.cache``, ``for layer in model.layers``).
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ def _instance(
                 classes.append(
                     None if annotation is None else _annotated(prov, annotation, binding_site)
                 )
+            elif position is None and binding.kind == "loop":
+                source = _loop_source(binding.node, binding.statement)
+                classes.append(None if source is None else _part(prov, source, site, depth))
             else:
                 classes.append(None)
         if classes and all(c is not None for c in classes):
@@ -165,6 +169,59 @@ def _instance(
     if position is None and _on_self(expr) and (holder := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)
         return _attribute_instance(prov, holder, expr.attr.value, depth)
+    if position is None and isinstance(expr, cst.Attribute):
+        return _part(prov, expr, site, depth)
+    return None
+
+
+def _part(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> Found | None:
+    """``layer.attn.cache``, ``model.layers``: the one project class the holder's class builds
+    into that attribute (the elements of a ``ModuleList`` of them included), from its summary."""
+    if not isinstance(expr, cst.Attribute) or prov.project is None:
+        return None
+    holder = _instance(prov, expr.value, site, depth + 1)
+    if holder is None:
+        return None
+    index = prov.project.index
+    parts: set[tuple[str, str]] = set()
+    found: Found | None = None
+    for cls in (holder, *_project_bases(prov, holder)):
+        facts = cls.definition[3].get("module")
+        for attribute, callees in facts["holds"] if isinstance(facts, dict) else ():
+            if attribute != expr.attr.value:
+                continue
+            for callee in callees:
+                part = class_value(index, cls.module, callee) if callee[0] != "either" else None
+                if part is not None:
+                    parts.add((part.module, part.name))
+                    found = part
+    return found if len(parts) == 1 else None
+
+
+def _project_bases(prov: Provenance, found: Found) -> list[Found]:
+    assert prov.project is not None
+    facts = found.definition[3].get("module")
+    bases = facts["bases"] if isinstance(facts, dict) else ()
+    return [b for b in (class_value(prov.project.index, found.module, v) for v in bases) if b]
+
+
+def _loop_source(target: cst.CSTNode, statement: cst.CSTNode) -> cst.BaseExpression | None:
+    """What ``for target in source`` (or ``for i, target in enumerate(source)``) runs over."""
+    if not isinstance(statement, cst.For):
+        return None
+    source, loop_target = statement.iter, statement.target
+    if loop_target is target:
+        return source
+    if (
+        isinstance(loop_target, cst.Tuple)
+        and len(loop_target.elements) == 2
+        and loop_target.elements[1].value is target
+        and isinstance(source, cst.Call)
+        and isinstance(source.func, cst.Name)
+        and source.func.value == "enumerate"
+        and source.args
+    ):
+        return source.args[0].value
     return None
 
 

@@ -5,15 +5,16 @@ Two questions, both about the module's own classes (by name):
 * :func:`instance_classes` — what a value *is*, for the receiver of a module cast: every way it
   may have been made must be understood (direct construction, ``cls(...)`` in a classmethod, a
   classmethod such as ``from_pretrained`` called on the class, a factory function or method of
-  the module, an annotated parameter, ``self`` and ``self.<attribute>``); otherwise None.
+  the module, an annotated parameter, ``self`` and ``self.<attribute>``, a part of another
+  instance (``layer.cache``: what the holder's class builds there) and a loop variable over the
+  parts an instance holds (``for layer in model.layers``)); otherwise None.
 * :func:`contained_classes` — what a value set as an attribute *holds*: the classes built inside
   it, through ``nn.ModuleList``, ``nn.ModuleDict``, ``nn.Sequential``, lists, tuples, dicts,
   comprehensions, conditionals, and local lists appended to before they are wrapped. A part that
   is not understood holds nothing.
 
-:func:`attribute_values` lists what a class's methods assign to attributes of ``self``
-(``self.x = ...``, ``add_module``, ``setattr``, ``self.layers.append(...)``), base classes of
-the module included.
+Both start from :mod:`.module_classes`: the module's classes and what their methods assign to
+attributes of ``self``.
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ import libcst as cst
 
 from replaylint.lint.dataflow import records
 from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.module_classes import (
+    ADDING_METHODS,
+    ModuleClasses,
+    Names,
+    attribute_values,
+    is_static,
+)
 from replaylint.lint.syntax.nodes import (
     decorated,
     dotted_name,
     literal_string,
     plain_element,
-    plain_elements,
-    positional_args,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
@@ -47,185 +53,8 @@ MODULE_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_"
 _CONTAINERS = frozenset(
     {"ModuleList", "ModuleDict", "Sequential", "list", "tuple", "dict", "OrderedDict"}
 )
-# calls that add their (last) argument to a list, dict or container module
-_ADDING_METHODS = frozenset({"append", "extend", "insert", "update", "add_module"})
 # constructors a model class inherits from its library (transformers): they return `cls(...)`
 INHERITED_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
-_NOT_MODULE_BASES = frozenset(
-    {"object", "ABC", "abc.ABC", "Protocol", "typing.Protocol", "NamedTuple", "typing.NamedTuple"}
-    | {"Enum", "enum.Enum", "IntEnum", "enum.IntEnum", "TypedDict", "typing.TypedDict"}
-)
-
-Names = tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ModuleClasses:
-    """The module's classes by name, each with the scopes its body is evaluated in."""
-
-    by_name: dict[str, cst.ClassDef]
-    scopes: dict[int, tuple[ScopeNode, ...]]
-    """``id(cls)`` -> the scopes of its body, ``cls`` last."""
-
-    def mro(self, cls: cst.ClassDef) -> list[cst.ClassDef]:
-        """``cls`` and its base classes of the module, nearest first."""
-        order: list[cst.ClassDef] = []
-        stack = [cls]
-        while stack:
-            current = stack.pop(0)
-            if any(current is seen for seen in order):
-                continue
-            order.append(current)
-            for base in current.bases:
-                base_class = self.by_name.get(dotted_name(base.value) or "")
-                if base_class is not None:
-                    stack.append(base_class)
-        return order
-
-    def family(self, cls: cst.ClassDef) -> tuple[str, ...]:
-        """``cls`` and its subclasses of the module: what ``self`` or ``cls`` may be in its
-        methods."""
-        return tuple(
-            name for name, other in self.by_name.items() if any(cls is c for c in self.mro(other))
-        )
-
-    def is_module(self, cls: cst.ClassDef) -> bool:
-        """Whether ``cls`` may be an ``nn.Module``: it has a base that is not plainly something
-        else (``object``, ``ABC``, ``Protocol``, an enum), of the module or imported."""
-        for owner in self.mro(cls):
-            for base in owner.bases:
-                name = dotted_name(base.value)
-                if name is not None and name not in _NOT_MODULE_BASES and name not in self.by_name:
-                    return True
-        return False
-
-
-def module_classes(prov: Provenance) -> ModuleClasses:
-    """The module's classes, found once per module."""
-    key = ("module_classes", 0)
-    found = prov.index.memo.get(key)
-    if found is None:
-        found = prov.index.memo[key] = _module_classes(prov)
-    assert isinstance(found, ModuleClasses)
-    return found
-
-
-def _module_classes(prov: Provenance) -> ModuleClasses:
-    by_name: dict[str, cst.ClassDef] = {}
-    scopes: dict[int, tuple[ScopeNode, ...]] = {}
-    stack: list[tuple[cst.CSTNode, tuple[ScopeNode, ...]]] = [(prov.index.module, ())]
-    while stack:
-        node, outer = stack.pop()
-        if isinstance(node, (cst.Module, cst.FunctionDef, cst.ClassDef)):
-            outer = (*outer, node)
-            if isinstance(node, cst.ClassDef):
-                by_name.setdefault(node.name.value, node)
-                scopes[id(node)] = outer
-        stack.extend((child, outer) for child in reversed(syntax_children(node)))
-    return ModuleClasses(by_name, scopes)
-
-
-# ---------------------------------------------------------------- what a class's methods assign
-def attribute_values(
-    classes: ModuleClasses, cls: cst.ClassDef
-) -> Iterator[tuple[str, cst.BaseExpression, Site]]:
-    """``(attribute, value, site)`` for each value ``cls``'s methods (or its module bases')
-    put into an attribute of the instance."""
-    for owner in classes.mro(cls):
-        for statement in owner.body.body:
-            if not isinstance(statement, cst.FunctionDef) or _is_static(statement):
-                continue
-            if decorated(statement, "classmethod"):
-                continue  # `cls.x = ...` sets the class, not an instance
-            params = statement.params.params or statement.params.posonly_params
-            if not params:
-                continue
-            me = params[0].name.value
-            scopes = (*classes.scopes[id(owner)], statement)
-            for line in _simple_statements(statement.body):
-                site = Site(scopes, line)
-                for small in line.body:
-                    for attribute, value in _assigned(small, me):
-                        yield attribute, value, site
-
-
-def _assigned(small: cst.BaseSmallStatement, me: str) -> Iterator[tuple[str, cst.BaseExpression]]:
-    if isinstance(small, cst.Assign):
-        for target in small.targets:
-            attribute = _own_attribute(target.target, me)
-            if attribute is not None:
-                yield attribute, small.value
-            elif isinstance(target.target, (cst.Tuple, cst.List)):  # `self.a, self.b = a, b`
-                value = small.value
-                values = plain_elements(value) if isinstance(value, (cst.Tuple, cst.List)) else None
-                names = plain_elements(target.target)
-                if values is not None and names is not None and len(values) == len(names):
-                    for name, element in zip(names, values, strict=True):
-                        attribute = _own_attribute(name, me)
-                        if attribute is not None:
-                            yield attribute, element
-    elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and small.value is not None:
-        attribute = _own_attribute(small.target, me)
-        if attribute is not None:
-            yield attribute, small.value
-    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-        call = small.value
-        args = positional_args(call)
-        func = call.func
-        if (
-            isinstance(func, cst.Attribute)
-            and _is_name(func.value, me)
-            and func.attr.value in {"add_module", "register_module"}
-            and len(args) >= 2
-        ):
-            yield _attribute_text(args[0].value), args[1].value
-        elif _is_name(func, "setattr") and len(args) >= 3 and _is_name(args[0].value, me):
-            yield _attribute_text(args[1].value), args[2].value
-        elif (
-            isinstance(func, cst.Attribute)
-            and func.attr.value in _ADDING_METHODS
-            and args
-            and _own_attribute(func.value, me) is not None
-        ):
-            yield _own_attribute(func.value, me) or "", args[-1].value
-
-
-def _own_attribute(target: cst.BaseExpression, me: str) -> str | None:
-    """``x`` of ``self.x`` or ``self.x[key]``."""
-    if isinstance(target, cst.Subscript):
-        target = target.value
-    if isinstance(target, cst.Attribute) and _is_name(target.value, me):
-        return target.attr.value
-    return None
-
-
-def _attribute_text(name: cst.BaseExpression) -> str:
-    """An attribute name as written: ``layers``, ``layer{i}`` (an f-string), ``{name}``."""
-    literal = literal_string(name)
-    if literal is not None:
-        return literal
-    if isinstance(name, cst.FormattedString):
-        module = cst.Module(body=[])
-        return "".join(
-            part.value
-            if isinstance(part, cst.FormattedStringText)
-            else "{" + module.code_for_node(part.expression) + "}"
-            if isinstance(part, cst.FormattedStringExpression)
-            else ""
-            for part in name.parts
-        )
-    return "{" + cst.Module(body=[]).code_for_node(name) + "}"
-
-
-def _simple_statements(
-    node: cst.CSTNode,
-) -> Iterator[cst.SimpleStatementLine | cst.SimpleStatementSuite]:
-    """The simple statements of a body, in nested blocks too, not in nested definitions."""
-    for child in syntax_children(node):
-        if isinstance(child, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            yield child
-        elif not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.BaseExpression)):
-            yield from _simple_statements(child)
 
 
 # ---------------------------------------------------------------- what a value holds (may)
@@ -320,13 +149,15 @@ class _Resolver:
         if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
             owner = self._self_class(expr.value.value, site)
             if owner is None:
-                return None
+                return self._held(expr, site, deeper)
             values = [
                 self.instances(value, value_site, deeper, None)
                 for attribute, value, value_site in attribute_values(self.classes, owner)
                 if attribute == expr.attr.value
             ]
             return _all_known(values) if values else None
+        if isinstance(expr, cst.Attribute):
+            return self._held(expr, site, deeper)
         if isinstance(expr, cst.Name):
             owner = self._self_class(expr.value, site)
             if owner is not None:
@@ -344,10 +175,81 @@ class _Resolver:
                 elif binding.kind == "param" and isinstance(binding.node, cst.Param):
                     annotation = binding.node.annotation
                     bound.append(None if annotation is None else self._annotated(annotation))
+                elif binding.kind == "loop":
+                    bound.append(self._iterated(binding.node, binding.statement, site, deeper))
                 else:
                     bound.append(None)
             return _all_known(bound)
         return None
+
+    def _held(self, expr: cst.Attribute, site: Site, depth: int) -> Names | None:
+        """``layer.cache`` where ``layer`` is an instance of the module's classes: what each of
+        them builds into ``cache`` (``self.cache = Cache(...)``, a ``ModuleList`` of layers)."""
+        holders = self.instances(expr.value, site, depth, None)
+        if not holders:
+            return None
+        found: list[Names | None] = []
+        for holder in holders:
+            cls = self.classes.by_name.get(holder)
+            if cls is None:
+                return None
+            values = [
+                (value, value_site)
+                for attribute, value, value_site in attribute_values(self.classes, cls)
+                if attribute == expr.attr.value
+            ]
+            if not values:
+                return None
+            for value, value_site in values:
+                made = self.instances(value, value_site, depth, None)
+                found.append(made if made else self.contained(value, value_site, depth, None))
+        return _all_known(found)
+
+    def _iterated(
+        self, target: cst.CSTNode, statement: cst.CSTNode, site: Site, depth: int
+    ) -> Names | None:
+        """The module classes a ``for`` loop's variable takes: the elements of what it runs over
+        (``for layer in model.layers``, ``for i, layer in enumerate(...)``, ``.values()``)."""
+        if not isinstance(statement, cst.For):
+            return None
+        source: cst.BaseExpression = statement.iter
+        loop_target = statement.target
+        if isinstance(loop_target, cst.Tuple):
+            elements = [element.value for element in loop_target.elements]
+            if not (isinstance(source, cst.Call) and len(elements) == 2 and elements[1] is target):
+                return None
+            if _is_name(source.func, "enumerate") and source.args:
+                source = source.args[0].value  # `for i, layer in enumerate(model.layers)`
+            elif isinstance(source.func, cst.Attribute) and source.func.attr.value == "items":
+                source = source.func.value  # `for name, layer in layers.items()`
+            else:
+                return None
+        elif loop_target is not target:
+            return None
+        if (
+            isinstance(source, cst.Call)
+            and isinstance(source.func, cst.Attribute)
+            and source.func.attr.value in {"values", "children", "modules"}
+            and not source.args
+        ):
+            source = source.func.value
+        holders = self._elements(source, site, depth)
+        return holders or None
+
+    def _elements(self, source: cst.BaseExpression, site: Site, depth: int) -> Names:
+        """The module classes whose instances ``source`` holds as elements."""
+        if isinstance(source, cst.Attribute):
+            holders = self.instances(source.value, site, depth, None)
+            found: list[Names] = []
+            for holder in holders or ():
+                cls = self.classes.by_name.get(holder)
+                if cls is None:
+                    continue
+                for attribute, value, value_site in attribute_values(self.classes, cls):
+                    if attribute == source.attr.value:
+                        found.append(self.contained(value, value_site, depth, None))
+            return _union(found)
+        return self.contained(source, site, depth, None)
 
     def _element(
         self, value: cst.BaseExpression, position: int, site: Site, depth: int, cls_name: str | None
@@ -480,7 +382,7 @@ class _Resolver:
         """The enclosing class when ``name`` is the first parameter of an instance method."""
         owner = site.enclosing_class()
         function = site.scope
-        if owner is None or not isinstance(function, cst.FunctionDef) or _is_static(function):
+        if owner is None or not isinstance(function, cst.FunctionDef) or is_static(function):
             return None
         params = function.params.params or function.params.posonly_params
         if not params or params[0].name.value != name or decorated(function, "classmethod"):
@@ -545,7 +447,7 @@ def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:
             isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and _is_name(node.func.value, name)
-            and node.func.attr.value in _ADDING_METHODS
+            and node.func.attr.value in ADDING_METHODS
             and node.args
         ):
             yield node.args[-1].value
@@ -576,10 +478,6 @@ def _all_known(parts: list[Names | None]) -> Names | None:
 
 def _is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
-
-
-def _is_static(function: cst.FunctionDef) -> bool:
-    return decorated(function, "staticmethod")
 
 
 def _without_not(test: cst.BaseExpression) -> tuple[str, bool]:

@@ -28,7 +28,8 @@ from replaylint.lint.dataflow.imported import (
     Unknown,
     as_value,
 )
-from replaylint.lint.dataflow.instances import ModuleClasses, attribute_values, instance_classes
+from replaylint.lint.dataflow.instances import instance_classes
+from replaylint.lint.dataflow.module_classes import ModuleClasses, attribute_values
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.torch_api import POSITIONAL_DTYPE, TORCH_FACTORIES

@@ -24,7 +24,8 @@ import libcst as cst
 from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
-from replaylint.lint.dataflow.instances import MODULE_CHAIN
+from replaylint.lint.dataflow.instances import MODULE_CHAIN, instance_classes
+from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
@@ -197,7 +198,13 @@ def assigning_load(
     if isinstance(receiver, cst.Name) and receiver.value == "self":
         owner = site.enclosing_class()
         return classes.get(owner.name.value) if owner is not None else None
-    return _instance_of(prov, receiver, site, classes, 0)
+    found = _instance_of(prov, receiver, site, classes, 0)
+    if found is None:
+        # `layer.cache` of `for layer in model.layers`: what the module's classes build there
+        names = instance_classes(prov, module_classes(prov), receiver, site)
+        if names and all(name in classes for name in names):
+            return classes[names[0]]
+    return found
 
 
 def _true(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:

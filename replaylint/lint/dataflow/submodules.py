@@ -24,13 +24,8 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import libcst as cst
 
-from replaylint.lint.dataflow.instances import (
-    ModuleClasses,
-    attribute_values,
-    contained_classes,
-    instance_classes,
-    module_classes,
-)
+from replaylint.lint.dataflow.instances import contained_classes, instance_classes
+from replaylint.lint.dataflow.module_classes import ModuleClasses, attribute_values, module_classes
 from replaylint.lint.dataflow.modules import (
     GUARD,
     GateBuffer,

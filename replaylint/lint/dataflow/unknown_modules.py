@@ -27,12 +27,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.imported_modules import imported_class
-from replaylint.lint.dataflow.instances import (
-    MODULE_CHAIN,
-    annotated_name,
-    instance_classes,
-    module_classes,
-)
+from replaylint.lint.dataflow.instances import MODULE_CHAIN, annotated_name, instance_classes
+from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 

@@ -1,0 +1,97 @@
+"""Module casts and assigning loads of a module's *parts*: ``layer.cache`` of ``for layer in
+model.layers`` is an instance of what the holder's class builds into that attribute, in the same
+module (``dataflow/instances.py``) and through another module's summary
+(``dataflow/imported_modules.py``)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from project_support import lint_in_project
+
+from replaylint.lint.engine import Linter
+
+_MODELING = """
+import torch
+from torch import nn
+
+
+class Cache(nn.Module):
+    def __init__(self, shape, dtype):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+        self.register_buffer("d_cache", torch.zeros(shape, dtype=dtype))
+
+
+class PinnedCache(Cache):
+    def _apply(self, fn, recurse=True):
+        kept = self._buffers["g_cache"]
+        super()._apply(fn, recurse)
+        self._buffers["g_cache"] = kept.to(device=self._buffers["d_cache"].device).float()
+        return self
+
+
+class Layer(nn.Module):
+    def __init__(self, shape, dtype, pinned=False):
+        super().__init__()
+        self.cache = {cache}(shape, dtype)
+
+
+class Model(nn.Module):
+    def __init__(self, n, shape, dtype):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(shape, dtype) for _ in range(n)])
+"""
+
+_USES = """
+def offload(model: Model):
+    for layer in model.layers:
+        layer.cache = layer.cache.to("cpu", dtype=torch.bfloat16)
+
+
+def halve(model: Model):
+    for i, layer in enumerate(model.layers):
+        layer.cache.half()
+
+
+def restore(model: Model, path):
+    state = torch.load(path)
+    for i, layer in enumerate(model.layers):
+        layer.cache.load_state_dict(state[i], assign=True)
+
+
+def move(model: Model):
+    for layer in model.layers:
+        layer.cache.to("cpu")
+"""
+
+
+@pytest.mark.parametrize(("cache", "expected"), [("Cache", True), ("PinnedCache", False)])
+def test_a_part_of_a_loop_over_a_models_layers_is_known_by_its_class(
+    cache: str, expected: bool
+) -> None:
+    source = textwrap.dedent(_MODELING.format(cache=cache) + _USES).lstrip("\n")
+    rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
+    casts = [(33, "RL004"), (38, "RL004")] if expected else []
+    assert [row for row in rows if row[1] == "RL004"] == casts
+    if expected:  # `assign=True` keeps the tensors loaded, in the dtype they were saved with
+        assert [row for row in rows if row[1] == "RL005"] == [(44, "RL005")]
+
+
+@pytest.mark.parametrize(("cache", "expected"), [("Cache", True), ("PinnedCache", False)])
+def test_a_part_of_another_modules_model_is_known_by_its_class(
+    tmp_path: Path, cache: str, expected: bool
+) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/modeling.py": _MODELING.format(cache=cache),
+        "pkg/serve.py": "import torch\n\nfrom .modeling import Model\n\n" + _USES,
+    }
+    rows = [
+        (f.location.row, f.code)
+        for f in lint_in_project(tmp_path, files, "pkg/serve.py")
+        if f.code == "RL004"
+    ]
+    assert rows == ([(8, "RL004"), (13, "RL004")] if expected else [])
