@@ -95,3 +95,78 @@ def test_a_part_of_another_modules_model_is_known_by_its_class(
         if f.code == "RL004"
     ]
     assert rows == ([(8, "RL004"), (13, "RL004")] if expected else [])
+
+
+def test_a_loop_over_the_shapes_a_config_method_returns_names_its_rings() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+        from dataclasses import dataclass
+        from torch import nn
+
+
+        @dataclass
+        class RingConfig:
+            heads: int = 2
+
+            def ring_shapes(self, batch):
+                return {"d_cache": (batch, 2), "k_cache": (batch, 2), "g_cache": (batch, 2)}
+
+
+        class Block(nn.Module):
+            def __init__(self, config: RingConfig):
+                super().__init__()
+                self.config = config
+                self.proj = nn.Linear(4, 4)
+
+            def reset_rings(self, batch):
+                dtype = self.proj.weight.dtype
+                for name, shape in self.config.ring_shapes(batch).items():
+                    self.register_buffer(name, torch.zeros(shape, dtype=dtype))
+        """
+    ).lstrip("\n")
+    rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
+    assert rows == [(23, "RL006")]
+
+
+_KEPT = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    _fp32_buffers = ("g_cache",)
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+        self.register_buffer("d_cache", torch.zeros(4))
+{override}
+
+def serve():
+    return Block().to(torch.bfloat16)
+
+
+def cast_linears(block: nn.Module, dtype):
+    for module in block.modules():
+        if isinstance(module, nn.Linear):
+            module.to(dtype)
+    return block
+"""
+
+_PUT_BACK = """
+    def _apply(self, fn, recurse=True):
+        held = {name: self._buffers.pop(name) for name in self._fp32_buffers}
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            self._buffers.update({name: buf.to(device="cpu") for name, buf in held.items()})
+        return self
+"""
+
+
+@pytest.mark.parametrize(("override", "expected"), [(_PUT_BACK, []), ("", [(15, "RL004")])])
+def test_an_apply_that_puts_buffers_back_keeps_them(override: str, expected: list[object]) -> None:
+    # a module that is only cast under `isinstance(module, nn.Linear)` is a torch layer
+    source = textwrap.dedent(_KEPT.format(override=override)).lstrip("\n")
+    assert [(f.location.row, f.code) for f in Linter().check(source, "m.py")] == expected

@@ -33,6 +33,7 @@ from replaylint.lint.dataflow.module_classes import (
     Names,
     attribute_values,
     is_static,
+    module_classes,
 )
 from replaylint.lint.syntax.nodes import (
     decorated,
@@ -63,6 +64,26 @@ def contained_classes(
 ) -> Names:
     """The module classes whose instances ``expr``'s value is, or holds as elements."""
     return _Resolver(prov, classes, site).contained(expr, site, 0, None)
+
+
+def method_of_instance(
+    prov: Provenance, call: cst.Call, site: Site
+) -> tuple[cst.FunctionDef, tuple[ScopeNode, ...]] | None:
+    """The method ``x.m(...)`` runs when ``x`` is an instance of one class of the module that
+    defines ``m`` (or inherits it from a class of the module): ``self.config.ring_shapes(b)``."""
+    func = call.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    classes = module_classes(prov)
+    names = instance_classes(prov, classes, func.value, site)
+    if not names or len(set(names)) != 1:
+        return None
+    cls = classes.by_name.get(names[0])
+    for owner in classes.mro(cls) if cls is not None else ():
+        for statement in owner.body.body:
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == func.attr.value:
+                return statement, (*classes.scopes[id(owner)], statement)
+    return None
 
 
 def instance_classes(

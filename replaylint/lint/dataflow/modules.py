@@ -390,6 +390,12 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             called = dotted_name(node.func) or ""
             if method_name(node) == "float" or called.rpartition(".")[2] == GUARD:
                 return True
+            if (
+                isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in _PUTTING_BACK
+                and _module_table(node.func.value)
+            ):
+                return True  # `self._buffers.update(kept)`: puts back what it saved
             args = positional_args(node)
             # `setattr(self, "g_cache", kept)`, `self.register_buffer("g_cache", kept)`
             key = args[1] if called == "setattr" and len(args) > 1 else None
@@ -413,13 +419,20 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
 
 def _module_table_entry(target: cst.BaseExpression) -> bool:
     """``self._buffers[...]`` or ``self._parameters[...]``."""
+    return isinstance(target, cst.Subscript) and _module_table(target.value)
+
+
+def _module_table(expr: cst.BaseExpression) -> bool:
+    """``self._buffers`` or ``self._parameters``."""
     return (
-        isinstance(target, cst.Subscript)
-        and isinstance(target.value, cst.Attribute)
-        and target.value.attr.value in {"_buffers", "_parameters"}
-        and isinstance(target.value.value, cst.Name)
-        and target.value.value.value == "self"
+        isinstance(expr, cst.Attribute)
+        and expr.attr.value in {"_buffers", "_parameters"}
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
     )
+
+
+_PUTTING_BACK = frozenset({"update", "setdefault", "__setitem__"})
 
 
 def _inherited(

@@ -392,8 +392,14 @@ def _returned_literal(
 
     found = called_function(prov.index, prov, call, site)
     if found is None:
-        return None
-    function, scopes, _ = found
+        from replaylint.lint.dataflow.instances import method_of_instance
+
+        method = method_of_instance(prov, call, site)  # `self.config.ring_shapes(batch)`
+        if method is None:
+            return None
+        function, scopes = method
+    else:
+        function, scopes, _ = found
     returns = prov.index.scope(function).returns
     if len(returns) != 1 or returns[0][0].value is None:
         return None

@@ -63,9 +63,36 @@ def _named_model(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> 
         name = receiver.value
     else:
         return False
-    if name not in _MODEL_NAMES:
+    if name not in _MODEL_NAMES or _checked_as_torch_class(prov, receiver, site):
         return False
     return not _partly_known(prov, receiver, site, 0)
+
+
+def _checked_as_torch_class(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:
+    """Whether the cast runs only under ``if isinstance(module, nn.Linear)``: a torch layer,
+    which registers no gate buffer (``for module in model.modules(): if isinstance(...)``)."""
+    if site.statement is None:
+        return False
+    entry = prov.index.scope(site.scope).statements.get(id(site.statement))
+    text = prov.index.module.code_for_node(receiver)
+    for guard in entry[1] if entry is not None else ():
+        test = guard.test
+        if (
+            guard.polarity
+            and isinstance(test, cst.Call)
+            and isinstance(test.func, cst.Name)
+            and test.func.value == "isinstance"
+            and len(test.args) == 2
+            and prov.index.module.code_for_node(test.args[0].value) == text
+        ):
+            checked = test.args[1].value
+            kinds = checked.elements if isinstance(checked, cst.Tuple) else ()
+            classes = [e.value for e in kinds] if kinds else [checked]
+            if all(
+                any(q.startswith("torch.") for q in prov.index.qualified_names(c)) for c in classes
+            ):
+                return True
+    return False
 
 
 def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:

@@ -159,6 +159,13 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
                 )
             ):
                 restores = True
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"update", "setdefault", "__setitem__"}
+                and _module_table(node.func.value)
+            ):
+                restores = True  # `self._buffers.update(kept)`: puts back what it saved
             elif isinstance(node, ast.Call) and dotted(node.func).endswith("register_buffer"):
                 name = _written_name(node.args[0]) if node.args else None
                 attributes += [name] if name is not None else []
@@ -168,6 +175,15 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
                 # `self._buffers[name] = kept`: puts back what it saved before the cast
                 restores = restores or any(_module_table_entry(t) for t in targets)
     return decorated or mixin or restores, attributes
+
+
+def _module_table(expr: ast.expr) -> bool:
+    """``self._buffers`` or ``self._parameters``."""
+    return (
+        isinstance(expr, ast.Attribute)
+        and expr.attr in {"_buffers", "_parameters"}
+        and _self_attribute_base(expr.value)
+    )
 
 
 def _module_table_entry(target: ast.expr) -> bool:
