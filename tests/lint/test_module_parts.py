@@ -170,3 +170,62 @@ def test_an_apply_that_puts_buffers_back_keeps_them(override: str, expected: lis
     # a module that is only cast under `isinstance(module, nn.Linear)` is a torch layer
     source = textwrap.dedent(_KEPT.format(override=override)).lstrip("\n")
     assert [(f.location.row, f.code) for f in Linter().check(source, "m.py")] == expected
+
+
+_BLOCKS = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(dim, dtype=torch.float32))
+"""
+
+_BUILDERS = """
+from collections.abc import Sequence
+
+
+def build(dim, dtype, block_cls: type[Block] = Block):
+    block = block_cls(dim)
+    return block.to(dtype)
+
+
+class Tail(nn.Module):
+    def __init__(self, blocks: Sequence[Block], half: bool):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        if half:
+            self.blocks.half()
+
+
+def convert(block: nn.Module, dtype):
+    for name, buf in list(block.named_buffers()):
+        if name.endswith("_cache"):
+            setattr(block, name, buf.to(dtype))
+    return block
+
+
+def convert_but_the_gate(block: nn.Module, dtype):
+    for name, buf in list(block.named_buffers()):
+        if name != "g_cache":
+            setattr(block, name, buf.to(dtype))
+    return block
+"""
+
+
+def test_what_a_parameters_annotation_says_is_built_or_held(tmp_path: Path) -> None:
+    # `type[Block]` builds a Block; `Sequence[Block]` holds Blocks; a loop over the named
+    # buffers that puts each back cast converts the gate buffer, unless it leaves names out
+    local = textwrap.dedent(_BLOCKS + _BUILDERS).lstrip("\n")
+    rows = [(f.location.row, f.code) for f in Linter().check(local, "m.py")]
+    assert rows == [(15, "RL004"), (23, "RL004"), (29, "RL004")]
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/blocks.py": _BLOCKS,
+        "pkg/serve.py": "import torch\nfrom torch import nn\n\nfrom .blocks import Block\n"
+        + _BUILDERS,
+    }
+    found = lint_in_project(tmp_path, files, "pkg/serve.py")
+    assert [(f.location.row, f.code) for f in found][:2] == [(11, "RL004"), (19, "RL004")]

@@ -22,7 +22,12 @@ import libcst as cst
 
 from replaylint.lint.dataflow.helpers import CalledFunction, called_function
 from replaylint.lint.dataflow.imported import MALFORMED, as_value
-from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, annotated_name
+from replaylint.lint.dataflow.instances import (
+    INHERITED_CONSTRUCTORS,
+    MODULE_CHAIN,
+    annotated_name,
+    wrapped_class,
+)
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
@@ -34,7 +39,7 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import plain_element
+from replaylint.lint.syntax.nodes import dotted_name, plain_element
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -130,9 +135,15 @@ def _instance(
                 owner = _class(prov, func.value, site)
                 if owner is not None and _constructs(owner, func.attr.value):
                     return owner  # `Transformer.from_name(name)`
-            made = _class(prov, func, site)
+            made = _class(prov, func, site) or _built_by_parameter(prov, func, site)
             if made is not None:
                 return made
+            if (
+                isinstance(func, (cst.Name, cst.Attribute))
+                and (dotted_name(func) or "").rpartition(".")[2] in _MODULE_CONTAINERS
+                and len(expr.args) == 1
+            ):
+                return _element(prov, expr.args[0].value, site, depth + 1)
         local = called_function(prov.index, prov, expr, site)
         if local is not None:
             return _returned_here(prov, local, depth, position)
@@ -171,6 +182,48 @@ def _instance(
         return _attribute_instance(prov, holder, expr.attr.value, depth)
     if position is None and isinstance(expr, cst.Attribute):
         return _part(prov, expr, site, depth)
+    return None
+
+
+_MODULE_CONTAINERS = frozenset({"ModuleList", "Sequential"})
+
+
+def _built_by_parameter(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:
+    """``block_cls(config)`` with ``block_cls: type[Block]``: a Block of the project."""
+    if not isinstance(func, cst.Name):
+        return None
+    found = prov.lookup(func.value, site) or []
+    built = [
+        wrapped_class(b.node.annotation, "type")
+        if b.kind == "param" and isinstance(b.node, cst.Param) and b.node.annotation is not None
+        else None
+        for b, _ in found
+    ]
+    if len(built) != 1 or built[0] is None:
+        return None
+    return _class(prov, built[0], site)
+
+
+def _element(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> Found | None:
+    """The project class of the elements of ``expr``: a parameter ``blocks: Sequence[Block]``,
+    a list of instances."""
+    if isinstance(expr, (cst.List, cst.Tuple)) and expr.elements:
+        classes = [_instance(prov, e.value, site, depth + 1) for e in expr.elements]
+        return classes[0] if all(c is not None and c == classes[0] for c in classes) else None
+    if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
+        return _instance(prov, expr.elt, site, depth + 1)
+    if not isinstance(expr, cst.Name):
+        return None
+    found = prov.lookup(expr.value, site) or []
+    if len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    if binding.kind == "param" and isinstance(binding.node, cst.Param):
+        annotation = binding.node.annotation
+        element = wrapped_class(annotation, "elements") if annotation is not None else None
+        return _class(prov, element, binding_site) if element is not None else None
+    if binding.kind == "assign" and binding.value is not None:
+        return _element(prov, binding.value, binding_site, depth + 1)
     return None
 
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
 _MAX_DEPTH = 6
+_MODULE_CONTAINERS = frozenset({"ModuleList", "ModuleDict", "Sequential"})
 # methods of nn.Module that return the module itself, keeping what it holds
 MODULE_CHAIN = frozenset({"to", "cuda", "cpu", "eval", "train", "requires_grad_", "share_memory"})
 # callables whose result holds what their arguments hold
@@ -139,6 +140,14 @@ class _Resolver:
             for binding, binding_site in self.prov.lookup(expr.value, site) or ():
                 if binding.kind == "assign" and binding.value is not None:
                     found.append(self.contained(binding.value, binding_site, deeper, cls_name))
+                elif (
+                    binding.kind == "param"
+                    and isinstance(binding.node, cst.Param)
+                    and binding.node.annotation is not None
+                ):  # `blocks: Sequence[Block]`
+                    element = wrapped_class(binding.node.annotation, "elements")
+                    cls = self.classes.by_name.get(dotted_name(element) or "") if element else None
+                    found.append(self.classes.family(cls) if cls is not None else ())
             for added in _added_to(expr.value, site.scope):  # `layers.append(Layer(...))`
                 found.append(self.contained(added, site, deeper, cls_name))
             return _union(found)
@@ -159,6 +168,9 @@ class _Resolver:
             func = expr.func
             if isinstance(func, cst.Attribute) and func.attr.value in MODULE_CHAIN:
                 return self.instances(func.value, site, deeper, cls_name)
+            if (dotted_name(func) or "").rpartition(".")[2] in _MODULE_CONTAINERS:
+                # a cast of `nn.ModuleList(blocks)` is a cast of every block it holds
+                return self.contained(expr, site, deeper, cls_name) or None
             returned = self._returned(expr, site, deeper, cls_name, self.instances)
             return _all_known(returned)
         if isinstance(expr, cst.IfExp):
@@ -310,6 +322,19 @@ class _Resolver:
                     return self.classes.family(owner)
                 return None
             found = self.prov.lookup(func.value, site)
+            if found and all(b.kind == "param" for b, _ in found):
+                # `block_cls: type[Block] = Block`: a call builds a Block (or a subclass)
+                built = [
+                    wrapped_class(b.node.annotation, "type")
+                    if isinstance(b.node, cst.Param) and b.node.annotation is not None
+                    else None
+                    for b, _ in found
+                ]
+                built_names = {dotted_name(b) or "" for b in built if b is not None}
+                if len(built_names) == 1 and None not in built:
+                    cls = self.classes.by_name.get(next(iter(built_names)))
+                    return self.classes.family(cls) if cls is not None else None
+                return None
             if found and all(b.kind == "definition" for b, _ in found):
                 names = {b.node.name.value for b, _ in found if isinstance(b.node, cst.ClassDef)}
                 if len(names) == len(found) and names <= self.classes.by_name.keys():
@@ -456,6 +481,37 @@ def annotated_name(annotation: cst.Annotation) -> cst.BaseExpression | None:
         ):
             node = node.slice[0].slice.value
     return node
+
+
+_TYPE_WRAPPERS = frozenset({"type", "Type"})
+_SEQUENCE_WRAPPERS = frozenset(
+    {"Sequence", "MutableSequence", "Iterable", "Collection", "list", "List", "tuple", "Tuple"}
+)
+
+
+def wrapped_class(annotation: cst.Annotation, kind: str) -> cst.BaseExpression | None:
+    """The class ``X`` of ``type[X]`` (``kind="type"``) or of ``Sequence[X]``, ``list[X]``,
+    ``tuple[X, ...]`` (``kind="elements"``): what a call of the parameter builds, or what its
+    elements are."""
+    node = annotated_name(annotation)
+    if not (isinstance(node, cst.Subscript) and node.slice):
+        return None
+    wrapper = (dotted_name(node.value) or "").rpartition(".")[2]
+    wanted = _TYPE_WRAPPERS if kind == "type" else _SEQUENCE_WRAPPERS
+    if wrapper not in wanted:
+        return None
+    first = node.slice[0].slice
+    if not isinstance(first, cst.Index):
+        return None
+    if len(node.slice) > 1 and not (
+        wrapper in {"tuple", "Tuple"}
+        and len(node.slice) == 2
+        and isinstance(node.slice[1].slice, cst.Index)
+        and isinstance(node.slice[1].slice.value, cst.Ellipsis)
+    ):
+        return None
+    inner = annotated_name(cst.Annotation(first.value))
+    return inner if isinstance(inner, (cst.Name, cst.Attribute)) else None
 
 
 def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:
