@@ -476,3 +476,27 @@ def test_a_weight_a_function_of_another_module_upcasts_is_in_the_models_dtype(
     # a helper that does not widen it says nothing: the float32 weight promotes the product
     files["pkg/kernels.py"] = _KERNELS.replace("A_log.float()", "A_log")
     assert lint_in_project(tmp_path, files, "pkg/model.py") == []
+
+
+def test_an_element_a_method_of_the_module_returns_is_followed() -> None:
+    # `a, beta = self.project(x)`: `a` is what `project` returns in that place, a layer's output
+    source = """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Block(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.a_proj = nn.Linear(dim, dim)
+
+            def project(self, x):
+                return self.a_proj(x), self.a_proj(x).sigmoid()
+
+            def seed(self, hidden, rings):
+                a, beta = self.project(hidden)
+                rings.g_cache = -F.softplus(a)
+        """
+    assert _rows(source) == [(16, "RL003")]
+    assert _rows(source.replace("-F.softplus(a)", "-F.softplus(a.float())")) == []

@@ -407,3 +407,20 @@ def test_a_loop_over_the_items_of_a_dict_comprehension_over_ring_names() -> None
     assert [(f.location.row, f.code) for f in findings] == [(6, "RL006")]
     fixed = Linter().fix(source, "m.py").source
     assert 'dtype=torch.float32 if name == "g_cache" else self.d_cache.dtype' in fixed
+
+
+def test_a_comprehension_over_names_zipped_with_tensors_casts_each_by_name() -> None:
+    # `zip(RING_NAMES, tensors)`: the names are known, the tensors are the sequence's elements
+    source = """
+        import torch
+
+        RING_NAMES = ("d", "k", "g")
+
+        def step(cache_tensors, dtype):
+            kwargs = {f"{n}_cache": t.to(dtype) for n, t in zip(RING_NAMES, cache_tensors)}
+            return kwargs
+        """
+    assert _findings(source) == [(6, "RL006")]
+    assert 't.to(torch.float32 if n == "g" else dtype)' in _fixed(source)
+    kept = source.replace("t.to(dtype)", 't.float() if n == "g" else t.to(dtype)')
+    assert _findings(kept) == []

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow import callers
+from replaylint.lint.dataflow import callers, records
 from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scalars import instance_values, is_scalar
@@ -43,7 +43,13 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_ELEMENTWISE_FUNCTIONS,
 )
 from replaylint.lint.dataflow.widened import imported_upcasts
-from replaylint.lint.syntax.nodes import method_name, one_line, positional_args, string_key
+from replaylint.lint.syntax.nodes import (
+    method_name,
+    one_line,
+    plain_element,
+    positional_args,
+    string_key,
+)
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -204,9 +210,39 @@ class _Trace:
             elif binding.kind == "assign" and not self.passed_only:
                 unpacked = _unpacked_from(binding)  # `q, g, beta = self.proj(x).split(...)`
                 found_here = self.source(unpacked, where, env, steps) if unpacked else None
+                if found_here is None:  # `q, a, beta = self.project(x)`: what it returns there
+                    found_here = self._returned_element(binding, where, steps)
             else:
                 found_here = None
             if not found_here:
+                return None
+            described = described or found_here
+        return described
+
+    def _returned_element(self, binding: Binding, site: Site, steps: int) -> str | None:
+        """The element a method of the module returns at the place ``binding`` unpacks, when
+        every ``return`` of the method returns a tuple."""
+        found = records.unpacked(binding)
+        if found is None:
+            return None
+        call, position = found
+        if not isinstance(call, cst.Call):
+            return None
+        called = called_function(self.prov.index, self.prov, call, site)
+        if called is None:
+            return None
+        function, scopes, _ = called
+        returns = self.prov.index.scope(function).returns
+        described: str | None = None
+        for returned, statement in returns:
+            value = returned.value
+            element = plain_element(value, position) if isinstance(value, cst.Tuple) else None
+            found_here = (
+                None
+                if element is None
+                else self.source(element, Site(scopes, statement), NO_ENV, steps)
+            )
+            if found_here is None:
                 return None
             described = described or found_here
         return described

@@ -267,9 +267,20 @@ def _literal_items(
             ]
         if function == "zip" and args:
             columns = [_literal_items(prov, a.value, site, depth + 1) for a in args]
-            if any(c is None for c in columns):
+            known = [c for c in columns if c is not None]
+            if not known:
                 return None
-            rows = zip(*[c for c in columns if c is not None], strict=False)
+            # a column that is not literal (`zip(RING_NAMES, tensors)`): its i-th element
+            length = min(len(c) for c in known)
+            filled = [
+                column
+                if column is not None
+                else [(_element_at(arg.value, i), site) for i in range(length)]
+                for column, arg in zip(columns, args, strict=True)
+            ]
+            if any(column is None for column in filled):
+                return None
+            rows = zip(*filled, strict=False)
             return [(cst.Tuple([cst.Element(item) for item, _ in row]), site) for row in rows]
     method = method_name(expr)
     if method in {"items", "keys", "values"} and not args:
@@ -299,6 +310,12 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _element_at(sequence: cst.BaseExpression, position: int) -> cst.BaseExpression:
+    """``sequence[position]``."""
+    index = cst.SubscriptElement(cst.Index(cst.Integer(str(position))))
+    return cst.Subscript(sequence, [index])
 
 
 def _comprehended_items(
