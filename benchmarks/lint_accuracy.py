@@ -82,6 +82,9 @@ HALVES = (
     "fresh6",
     "fresh7",
     "fresh8",
+    "fresh9",
+    "fresh10",
+    "fresh11",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -1,0 +1,1 @@
+"""Language models: the KDA hybrid (``KDAModel``) and its inference wrapper."""

@@ -1,0 +1,1 @@
+"""Core classes: configs and the ``ModelPT`` base."""

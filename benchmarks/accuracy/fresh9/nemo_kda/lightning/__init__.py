@@ -1,0 +1,1 @@
+"""Lightning-side pieces: the trainer stand-in and the Megatron precision plugin."""
