@@ -500,3 +500,21 @@ def test_an_element_a_method_of_the_module_returns_is_followed() -> None:
         """
     assert _rows(source) == [(16, "RL003")]
     assert _rows(source.replace("-F.softplus(a)", "-F.softplus(a.float())")) == []
+
+
+def test_a_number_set_with_another_attribute_in_one_statement_is_a_number() -> None:
+    source = """
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Gate(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.w = nn.Linear(dim, dim)
+                self.normalizer, self.scale = 16.0, dim**-0.5
+
+            def seed(self, x, rings):
+                rings.g_cache = F.logsigmoid(self.w(x)) / self.normalizer
+        """
+    assert _rows(source) == [(12, "RL003")]

@@ -67,6 +67,15 @@ def parameter_default(prov: Provenance, binding: Binding, env: Env) -> tuple[Dty
     return None if any(fact.dtype is None for fact in facts) else facts
 
 
+def declared_default(prov: Provenance, binding: Binding, env: Env) -> tuple[DtypeFact, ...] | None:
+    """The default's dtypes for a parameter, whatever calls pass; None without a default."""
+    param = binding.node
+    if not isinstance(param, cst.Param) or param.default is None or param.star:
+        return None
+    facts = prov.dtype_facts(param.default, Site((prov.index.module,), None), env)
+    return None if any(fact.dtype is None for fact in facts) else facts
+
+
 def is_none(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
     """Whether ``expr`` is provably None: the literal, or a parameter defaulting to None that no
     call in the module passes (``dtype or torch.float32`` is then the right operand)."""

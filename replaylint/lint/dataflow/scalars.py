@@ -234,6 +234,13 @@ def instance_values(
                 for target in node.targets:
                     if _is_self_attribute(target.target, name):
                         yield node.value, where
+                    elif isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple):
+                        # `self.normalizer, self.scale = 16.0, d**-0.5`
+                        names, values = target.target.elements, node.value.elements
+                        if len(names) == len(values):
+                            for written, value in zip(names, values, strict=True):
+                                if _is_self_attribute(written.value, name):
+                                    yield value.value, where
             elif isinstance(node, cst.AnnAssign) and _is_self_attribute(node.target, name):
                 if _numeric_annotation(node.annotation):
                     yield cst.Integer("0"), where

@@ -81,6 +81,24 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             """
             import torch
 
+            GATE_DTYPE = torch.float32
+
+            class ReplayCache:
+                def __init__(self, shape, dtype, gate_dtype=GATE_DTYPE):
+                    # the helper's own choice is float32; a call that passes another dtype is
+                    # where that would be wrong, and these calls pass what cannot be told here
+                    self.d_cache = torch.zeros(shape, dtype=dtype)
+                    self.g_cache = torch.zeros(shape, dtype=gate_dtype)
+
+                @classmethod
+                def resized(cls, cache, shape, **kwargs):
+                    return cls(shape, cache.d_cache.dtype, **kwargs)
+            """
+        ),
+        Valid(
+            """
+            import torch
+
             def cache_config(args, gate_dtype=torch.float32):
                 # the state is float32 by its role; a gate dtype passed on is judged where it is set
                 return dict(ring_dtype=args.dtype, gate_dtype=gate_dtype, state_dtype=args.state_dtype)
