@@ -67,13 +67,16 @@ def parameter_default(prov: Provenance, binding: Binding, env: Env) -> tuple[Dty
     return None if any(fact.dtype is None for fact in facts) else facts
 
 
-def declared_default(prov: Provenance, binding: Binding, env: Env) -> tuple[DtypeFact, ...] | None:
-    """The default's dtypes for a parameter, whatever calls pass; None without a default."""
+def float32_default(prov: Provenance, binding: Binding, env: Env) -> tuple[DtypeFact, ...] | None:
+    """The default's dtypes for a parameter, whatever calls pass, when they prove float32 (the
+    helper's own choice; a call that passes another dtype is wrong there); None otherwise."""
     param = binding.node
     if not isinstance(param, cst.Param) or param.default is None or param.star:
         return None
     facts = prov.dtype_facts(param.default, Site((prov.index.module,), None), env)
-    return None if any(fact.dtype is None for fact in facts) else facts
+    if not facts or not all(fact.is_float32 for fact in facts):
+        return None
+    return tuple(DtypeFact(fact.dtype, fact.node, binding) for fact in facts)
 
 
 def is_none(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:

@@ -211,13 +211,8 @@ class Provenance:
                         facts.extend(DtypeFact(f.dtype, f.node, binding) for f in default)
                         continue
                     passed = callers.passed_dtype_facts(self, binding)  # what the calls give
-                    if passed is None:
-                        # calls pass what cannot be told: a default that proves float32 is the
-                        # helper's own choice, and a call that passes another dtype is wrong there
-                        default = members.declared_default(self, binding, env)
-                        if default is not None and all(f.is_float32 for f in default):
-                            facts.extend(DtypeFact(f.dtype, f.node, binding) for f in default)
-                            continue
+                    # calls pass what cannot be told: a float32 default is the helper's choice
+                    passed = passed or members.float32_default(self, binding, env)
                     facts.extend(passed or (DtypeFact(None, expr, binding, binding.name),))
                 elif binding.kind == "assign" and binding.value is not None:
                     for fact in self.dtype_facts(binding.value, binding_site, env):

@@ -1,0 +1,114 @@
+"""Loops that cast every buffer of a module: ``for buf in model.buffers(): buf.data =
+buf.data.half()``, and loops over ``named_buffers()`` that put each one back cast
+(``setattr(model, name, buf.to(dtype))``). RL004 reports them like ``model.half()``."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+_BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
+
+
+def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | None:
+    """The module and the cast of ``for buf in module.buffers(): buf.data = buf.data.<cast>``
+    (``for name, buf in module.named_buffers()``, the cast of ``buf`` itself too)."""
+    iterable = loop.iter
+    if (
+        isinstance(iterable, cst.Call)
+        and _is_name(iterable.func, "list")
+        and len(iterable.args) == 1
+        and isinstance(iterable.args[0].value, cst.Call)
+    ):
+        iterable = iterable.args[0].value  # `list(model.named_buffers())`: set while iterating
+    if not (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value in _BUFFER_LISTS
+        and isinstance(loop.body, cst.IndentedBlock)
+    ):
+        return None
+    target: cst.BaseExpression = loop.target
+    key: str | None = None
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        first = target.elements[0].value
+        key = first.value if isinstance(first, cst.Name) else None
+        target = target.elements[1].value
+    if not isinstance(target, cst.Name):
+        return None
+    buffer = target.value
+    for statement in _statements(loop.body):
+        put = _put_back(statement, key)  # `setattr(model, name, buf.to(dtype))`
+        if (
+            put is not None
+            and isinstance(put, cst.Call)
+            and isinstance(put.func, cst.Attribute)
+            and _is_name(put.func.value, buffer)
+        ):
+            return iterable.func.value, put
+        if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
+            continue
+        written, value = statement.targets[0].target, statement.value
+        if (
+            _is_data_of(written, buffer)
+            and isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
+        ):
+            return iterable.func.value, value
+    return None
+
+
+def _put_back(statement: cst.BaseSmallStatement, key: str | None) -> cst.BaseExpression | None:
+    """The value of ``setattr(model, name, value)`` or ``model.register_buffer(name, value)``
+    under the loop's own name."""
+    if key is None or not (
+        isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)
+    ):
+        return None
+    call = statement.value
+    args = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+    if _is_name(call.func, "setattr") and len(args) == 3 and _is_name(args[1], key):
+        return args[2]
+    if (
+        isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "register_buffer"
+        and len(args) >= 2
+        and _is_name(args[0], key)
+    ):
+        return args[1]
+    return None
+
+
+def _statements(block: cst.BaseSuite) -> list[cst.BaseSmallStatement]:
+    """The small statements of ``block`` and of the ``if`` blocks in it (``if
+    buf.is_floating_point(): ...``, ``if name.endswith("_ring"): ...``); not under a test that
+    leaves buffers out (``if name != "g_cache"``, ``if not ...``), which may be the gate's."""
+    found: list[cst.BaseSmallStatement] = []
+    for line in block.body if isinstance(block, cst.IndentedBlock) else ():
+        if isinstance(line, cst.SimpleStatementLine):
+            found.extend(line.body)
+        elif isinstance(line, cst.If) and not _excludes(line.test):
+            found.extend(_statements(line.body))
+    return found
+
+
+def _excludes(test: cst.BaseExpression) -> bool:
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return True
+    if isinstance(test, cst.Comparison):
+        return any(
+            isinstance(c.operator, (cst.NotEqual, cst.NotIn, cst.IsNot)) for c in test.comparisons
+        )
+    if isinstance(test, cst.BooleanOperation):
+        return _excludes(test.left) or _excludes(test.right)
+    return False
+
+
+def _is_name(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
+def _is_data_of(expr: cst.BaseExpression, name: str) -> bool:
+    return (
+        isinstance(expr, cst.Attribute) and expr.attr.value == "data" and _is_name(expr.value, name)
+    )
