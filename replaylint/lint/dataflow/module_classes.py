@@ -99,8 +99,25 @@ def _module_classes(prov: Provenance) -> ModuleClasses:
             if isinstance(node, cst.ClassDef):
                 by_name.setdefault(node.name.value, node)
                 scopes[id(node)] = outer
-        stack.extend((child, outer) for child in reversed(syntax_children(node)))
+        if not isinstance(node, cst.SimpleStatementLine):  # a class is a statement of a block
+            stack.extend(
+                (child, outer)
+                for child in reversed(syntax_children(node))
+                if isinstance(child, _HOLDS_STATEMENTS)
+            )
     return ModuleClasses(by_name, scopes)
+
+
+# what may hold a class statement: compound statements, their blocks and clauses
+_HOLDS_STATEMENTS = (
+    cst.BaseStatement,
+    cst.BaseSuite,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
 
 
 # ---------------------------------------------------------------- what a class's methods assign

@@ -44,8 +44,10 @@ _NOT_RINGS = frozenset(
     | {"seqlen", "seqlens", "step", "steps", "ptr", "id", "ids", "num", "n"}
 )
 # a name with a d-ring word, a comma, a name with a k-ring word: the text of a row of rings
+# (it starts with the d: a pattern that starts with a letter is searched letter-first, many times
+# faster than one that starts with a look-behind)
 _ROW = re.compile(
-    rb"(?<![A-Za-z0-9])(?:d|delta)(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
+    rb"d(?<![A-Za-z0-9]d)(?:elta)?(?:_\w*)?(?:\[[^\]\n]{0,24}\])?[\"']?[ \t]*,[ \t\n]*[\"']?"
     rb"(?:[A-Za-z_]\w*\.)?"
     rb"(?:[A-Za-z0-9]+_)*(?:k|key)(?![A-Za-z0-9])",
     re.IGNORECASE,
@@ -66,15 +68,29 @@ _DECLARED_ROW = re.compile(
     rb"[\"']?(?:[A-Za-z0-9]+_)*(?:k|key)(?:_\w*)?[\"']?[ \t]*[:=](?!=)",
     re.IGNORECASE,
 )
+# the d word of the first name of a row and what follows it: where a search for the row starts
+_DECLARED_D = re.compile(rb"d(?<![A-Za-z0-9]d)(?:elta)?(?:_\w*)?[\"']?[ \t]*[:=](?!=)", re.I)
+_WORD_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 def may_list_rings(raw: bytes) -> bool:
     """Whether ``raw`` may write a row of rings (cheap: parse only the files that may)."""
     return (
-        _ROW.search(raw) is not None
-        or _STATEMENT_ROW.search(raw) is not None
-        or _DECLARED_ROW.search(raw) is not None
+        _ROW.search(raw) is not None or _STATEMENT_ROW.search(raw) is not None or _declared_row(raw)
     )
+
+
+def _declared_row(raw: bytes) -> bool:
+    """``_DECLARED_ROW.search(raw)``, tried only at the names whose d word ``_DECLARED_D`` finds:
+    the pattern opens with a look-behind and a repeated group, which a search would try at
+    every byte (several times slower)."""
+    for found in _DECLARED_D.finditer(raw):
+        start = found.start()
+        while start > 0 and raw[start - 1] in _WORD_BYTES:
+            start -= 1
+        if _DECLARED_ROW.match(raw, start) is not None:
+            return True
+    return False
 
 
 def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, LearnedFrom]]:
