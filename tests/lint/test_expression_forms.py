@@ -424,3 +424,23 @@ def test_a_comprehension_over_names_zipped_with_tensors_casts_each_by_name() -> 
     assert 't.to(torch.float32 if n == "g" else dtype)' in _fixed(source)
     kept = source.replace("t.to(dtype)", 't.float() if n == "g" else t.to(dtype)')
     assert _findings(kept) == []
+
+
+def test_a_cast_of_the_gate_cache_a_function_returns_is_reported_and_fixed() -> None:
+    source = """
+        import torch
+
+        def convert(cache):
+            state, d_cache, k_cache, g_cache = cache
+            return state, d_cache.half(), k_cache.half(), g_cache.half()
+
+        def moved(g_cache, device):
+            return g_cache.to(device), g_cache.float()
+
+        def to_wire(g_cache):
+            return g_cache.to(torch.bfloat16)
+        """
+    assert _findings(source) == [(5, "RL004"), (11, "RL004")]
+    fixed = _fixed(source)
+    assert "d_cache.half(), k_cache.half(), g_cache.float()" in fixed
+    assert "return g_cache.to(torch.float32)" in fixed

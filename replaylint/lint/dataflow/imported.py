@@ -65,7 +65,7 @@ class There:
 
 
 @dataclass(frozen=True)
-class _Instance:
+class Instance:
     """``self`` of a class: its definition, and whether its fields hold their defaults."""
 
     found: Found
@@ -76,7 +76,7 @@ class _Instance:
 class Context:
     module: str
     params: Mapping[str, Here | There] = field(default_factory=dict)
-    instance: _Instance | None = None
+    instance: Instance | None = None
     origins: tuple[Origin, ...] = ()
 
 
@@ -147,7 +147,7 @@ class Evaluation:
         if kind == "self":
             return self.member_dtypes(context.instance, str(value[1]), context)
         if kind == "__member__":  # `CacheConfig.RING_DTYPE`: read on the class
-            instance = _Instance(value[1], defaults_hold=True)
+            instance = Instance(value[1], defaults_hold=True)
             return self.member_dtypes(instance, str(value[2]), context, on_class=True)
         if kind == "item":
             return self.dtypes(self.item(value[1], value[2], context), context)
@@ -189,19 +189,30 @@ class Evaluation:
             found = self.target(base[1], context)
             if isinstance(found, Found) and found.definition[0] == "class":
                 # `CacheConfig()` keeps every default; `cfg: CacheConfig` was built elsewhere
-                if kind == "call" and (base[2] or base[3]):
+                member = found.definition[2].get(str(value[2]))
+                with_arguments = kind == "call" and bool(base[2] or base[3])
+                if with_arguments and (member is None or member[0] != "property"):
                     raise Unknown  # built with arguments here: which field they set is not read
-                holds = kind == "call" and (value[1][0] == "call" or found.definition[3]["frozen"])
-                return self.member_dtypes(_Instance(found, holds), str(value[2]), context)
+                holds = (
+                    kind == "call"
+                    and not with_arguments
+                    and (value[1][0] == "call" or found.definition[3]["frozen"])
+                )
+                # built here, it is of that very class: its own property is the one read
+                exact = kind == "call" and member is not None and member[0] == "property"
+                return self.member_dtypes(
+                    Instance(found, holds), str(value[2]), context, exact=exact
+                )
         raise Unknown
 
     def member_dtypes(
         self,
-        instance: _Instance | None,
+        instance: Instance | None,
         name: str,
         context: Context,
         *,
         on_class: bool = False,
+        exact: bool = False,
     ) -> list[DtypeFact]:
         if instance is None:
             raise Unknown
@@ -212,7 +223,11 @@ class Evaluation:
         assert view is not None
         summary = view.index.summary(found.module) or {}
         assigned = set(summary.get("assigned", ()))
-        if member is None or member[0] in {"unknown", "method"} or flags.get("bases"):
+        if (
+            member is None
+            or member[0] in {"unknown", "method"}
+            or (flags.get("bases") and not exact)
+        ):
             raise Unknown  # an inherited member, or a base class that may define it
         if name in assigned or "*" in assigned or self.prov.index.assigns_attribute(name):
             raise Unknown  # an instance may carry another value than the class's
@@ -255,7 +270,8 @@ class Evaluation:
         if value[0] != "call":
             return None
         callee = self.target(value[1], context)
-        if not isinstance(callee, Found) or callee.definition[0] != "function":
+        method = isinstance(callee, There) and callee.value[0] == "attr"  # `cfg.ring_shapes()`
+        if not method and (not isinstance(callee, Found) or callee.definition[0] != "function"):
             return None
         return self.called(callee, value[2], value[3], context)
 
@@ -343,12 +359,16 @@ class Evaluation:
                 raise Unknown
             params, result = lambda_[1], lambda_[2]
             module, origins = callee.module, callee.origins
+        elif isinstance(callee, There) and callee.value[0] == "attr":
+            from replaylint.lint.dataflow.imported_methods import bound_method
+
+            return bound_method(self, callee, args, keywords, context)
         else:
             raise Unknown
         if result[0] == "unknown":
             raise Unknown
         definitions = Context(module, origins=origins)
-        bound = _bind(params, args, keywords, definitions, context)
+        bound = bind_arguments(params, args, keywords, definitions, context)
         return result, Context(module, bound, origins=origins)
 
     def fact(self, dtype: str | None, origins: tuple[Origin, ...]) -> DtypeFact:
@@ -368,7 +388,7 @@ def _bound(value: Any, context: Context) -> Value:
     return value  # type: ignore[no-any-return]
 
 
-def _bind(
+def bind_arguments(
     params: list[Any],
     args: list[Any],
     keywords: list[Any],
@@ -476,27 +496,6 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
     return text if isinstance(text, str) else None
 
 
-def string_items(prov: Provenance, expr: cst.Name, site: Site) -> list[str] | None:
-    """The strings of an imported tuple or list constant (``TENSOR_FIELDS = ("ssm_state",
-    "d_ring", ...)`` in another module), in order; None unless every element is one."""
-    if prov.project is None:
-        return None
-    evaluation = Evaluation(prov, expr)
-    context = Context(prov.project.module)
-    try:
-        value = as_value(prov, expr, site, {})
-        if value is None:
-            return None
-        entries = evaluation.table(value, context)
-        if any(not isinstance(key, int) for key, _ in entries):
-            return None  # a dict: its iteration order is its keys', read elsewhere
-        texts = [evaluation.string(entry.value, entry.context) for _, entry in entries]
-    except (Unknown, *MALFORMED):
-        return None
-    strings = [text for text in texts if isinstance(text, str)]
-    return strings if len(strings) == len(texts) else None
-
-
 def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
     """``expr`` of the module under analysis as a summary value over its imports: imported
     names and attributes of them, calls of them and subscripts of them; None otherwise."""
@@ -513,6 +512,9 @@ def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -
         return None
     if isinstance(expr, cst.Call):
         callee = as_value(prov, expr.func, site, env)
+        if callee is None and isinstance(expr.func, cst.Attribute):
+            held = _held_instance(prov, expr.func.value, site)  # `self.model_args.ring_shapes()`
+            callee = None if held is None else ["attr", held, expr.func.attr.value]
         if callee is None or any(arg.star for arg in expr.args):
             return None
         args = [["__here__", Here(a.value, site, env)] for a in positional_args(expr)]
@@ -565,6 +567,15 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
         cls = as_value(prov, annotation, binding_site, env)
         return None if cls is None else ["__instance__", cls]
     return None
+
+
+def _held_instance(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Value | None:
+    """``self.model_args``, a loop variable over ``model.layers``: an instance of a project
+    class that :mod:`.imported_modules` can tell."""
+    from replaylint.lint.dataflow.imported_modules import imported_class
+
+    found = imported_class(prov, expr, site)
+    return None if found is None else ["__instance__", ["__there__", found]]
 
 
 def _imported_here(prov: Provenance, expr: cst.Name, site: Site, env: Env) -> bool:

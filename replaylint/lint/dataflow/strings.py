@@ -232,10 +232,10 @@ def _literal_items(
             return None
         binding, binding_site = found[0]
         if binding.kind == "import" and prov.project is not None:
-            from replaylint.lint.dataflow.imported import string_items
-
-            texts = string_items(prov, expr, site)  # a tuple of names another module defines
-            return None if texts is None else [(cst.SimpleString(repr(t)), site) for t in texts]
+            texts = _project_strings(prov, expr, site)  # a tuple of names another module defines
+            if texts is None or texts[0]:
+                return None  # a dict: its iteration order is its keys', read elsewhere
+            return [(cst.SimpleString(repr(t)), site) for t in texts[1]]
         if binding.value is None:
             return None
         return _literal_items(prov, binding.value, binding_site, depth + 1)
@@ -282,6 +282,9 @@ def _literal_items(
                 return None
             rows = zip(*filled, strict=False)
             return [(cst.Tuple([cst.Element(item) for item, _ in row]), site) for row in rows]
+    texts = _project_strings(prov, expr, site)  # `self.model_args.ring_names()`
+    if texts is not None:
+        return [(cst.SimpleString(repr(t)), site) for t in texts[1]]
     method = method_name(expr)
     if method in {"items", "keys", "values"} and not args:
         assert isinstance(expr.func, cst.Attribute)
@@ -296,7 +299,9 @@ def _literal_items(
             return _zipped_items(prov, mapping, mapping_site, method, depth)
         if isinstance(mapping, cst.Call):
             returned = _returned_literal(prov, mapping, site)
-            mapping, mapping_site = returned if returned is not None else (None, site)
+            if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
+                return _project_items(prov, mapping, site, method)
+            mapping, mapping_site = returned
         if isinstance(mapping, cst.DictComp):
             return _comprehended_items(prov, mapping, mapping_site, method, depth)
         if not isinstance(mapping, cst.Dict):
@@ -310,6 +315,33 @@ def _literal_items(
             return [(e.value, mapping_site) for e in elements]
         return [(_pair(e.key, e.value), mapping_site) for e in elements]
     return None
+
+
+def _project_strings(
+    prov: Provenance, expr: cst.BaseExpression, site: Site
+) -> tuple[bool, list[str]] | None:
+    if prov.project is None:
+        return None
+    from replaylint.lint.dataflow.imported_methods import collection_strings
+
+    return collection_strings(prov, expr, site)
+
+
+def _project_items(
+    prov: Provenance, mapping: cst.Call, site: Site, method: str
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """The keys (values, items) of a dict a function or method of another module returns: a
+    value is the call's entry (``mapping["g_cache"]``), as written here."""
+    texts = _project_strings(prov, mapping, site)
+    if texts is None or not texts[0]:
+        return None
+    keys = [cst.SimpleString(repr(key)) for key in texts[1]]
+    if method == "keys":
+        return [(key, site) for key in keys]
+    values = [cst.Subscript(mapping, [cst.SubscriptElement(cst.Index(key))]) for key in keys]
+    if method == "values":
+        return [(value, site) for value in values]
+    return [(_pair(key, value), site) for key, value in zip(keys, values, strict=True)]
 
 
 def _element_at(sequence: cst.BaseExpression, position: int) -> cst.BaseExpression:

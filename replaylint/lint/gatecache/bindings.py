@@ -17,6 +17,7 @@ import libcst as cst
 
 from replaylint.lint.gatecache.lists import ADDED_ELEMENT, list_names, maybe_list_words
 from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.gatecache.signatures import converted_parameters, signatures
 from replaylint.lint.syntax.nodes import (
     binding_name,
     literal_string,
@@ -27,7 +28,7 @@ from replaylint.lint.syntax.nodes import (
     record_fields,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
-from replaylint.lint.syntax.traversal import Visitor, descendants
+from replaylint.lint.syntax.traversal import Visitor
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,14 @@ class BindingWalker(Visitor):
         ):
             name = function.name.value
             self._found(GateCacheBinding(name, name, node.value, node, self.site()))
+            return
+        # `return state, delta.to(kv), log_decay.to(kv)`: the caller gets the gate cache cast
+        value = node.value
+        returned = value.elements if isinstance(value, (cst.Tuple, cst.List)) else ()
+        for element in [value] if isinstance(value, cst.Call) else [e.value for e in returned]:
+            cast = _cast_gate_cache(element, self.names)
+            if cast is not None:
+                self._found(GateCacheBinding(cast, cast, element, node, self.site()))
 
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind(node.target, node.value, node, self._walrus_shared.pop(id(node), ()))
@@ -417,7 +426,7 @@ class BindingWalker(Visitor):
         parameter the function converts rather than keeps (``def as_fp32(g_cache): return
         g_cache.float()`` takes any dtype) is none."""
         if self._signatures is None:
-            self._signatures = _signatures(self.module)
+            self._signatures = signatures(self.module)
         if isinstance(func, cst.Name):
             key = func.value
         elif isinstance(func, cst.Attribute):
@@ -433,7 +442,7 @@ class BindingWalker(Visitor):
             return []
         converted = self._converted.get(id(function))
         if converted is None:
-            converted = self._converted[id(function)] = _converted(function)
+            converted = self._converted[id(function)] = converted_parameters(function)
         return [(i, name) for i, name in gate if name not in converted]
 
     def _fields_of(self, func: cst.BaseExpression) -> list[str] | None:
@@ -448,61 +457,6 @@ class BindingWalker(Visitor):
                     if fields is not None:
                         self._record_fields[statement.name.value] = [name for name, _ in fields]
         return self._record_fields.get(func.value)
-
-
-def _signatures(module: cst.Module) -> dict[str, tuple[cst.FunctionDef, list[str]] | None]:
-    """The positional parameters, as a call writes its arguments, of the module's functions
-    (``name``), classes (``name``: their ``__init__``) and methods (``.name``: called on an
-    instance or a class, so without ``self``/``cls``). A name defined twice is None: which one
-    a call reaches is not certain."""
-    found: dict[str, tuple[cst.FunctionDef, list[str]] | None] = {}
-
-    def define(key: str, function: cst.FunctionDef, parameters: list[str]) -> None:
-        if key not in found:
-            found[key] = (function, parameters)
-        elif (known := found[key]) is None or known[1] != parameters:
-            found[key] = None
-
-    for statement in module.body:
-        if isinstance(statement, cst.FunctionDef):
-            define(statement.name.value, statement, _positional(statement, method=False))
-        elif isinstance(statement, cst.ClassDef):
-            body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
-            for member in body:
-                if not isinstance(member, cst.FunctionDef):
-                    continue
-                parameters = _positional(member, method=True)
-                if member.name.value == "__init__":
-                    define(statement.name.value, member, parameters)
-                define(f".{member.name.value}", member, parameters)
-    return found
-
-
-def _positional(function: cst.FunctionDef, *, method: bool) -> list[str]:
-    parameters = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
-    static = any(
-        isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
-        for d in function.decorators
-    )
-    return parameters[1:] if method and not static and parameters else parameters
-
-
-def _converted(function: cst.FunctionDef) -> set[str]:
-    """Names the function calls a method on that makes a new tensor of another dtype
-    (``g.float()``, ``g.to(...)``, ``g.type(...)``) or compares the dtype of."""
-    found: set[str] = set()
-    for node in descendants(function.body):
-        if (
-            isinstance(node, cst.Attribute)
-            and isinstance(node.value, cst.Name)
-            and node.attr.value in _CONVERTING
-        ):
-            found.add(node.value.value)
-    return found
-
-
-# what a helper that converts its argument calls on it (or reads to decide a conversion)
-_CONVERTING = frozenset({"float", "to", "type", "type_as", "half", "bfloat16", "double", "dtype"})
 
 
 # methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
@@ -558,6 +512,18 @@ def _is_setattr(func: cst.BaseExpression) -> bool:
         and isinstance(func.value, cst.Name)
         and func.value.value == "object"
     )
+
+
+_CASTS = frozenset({"to", "half", "bfloat16", "type", "type_as"})
+
+
+def _cast_gate_cache(expr: cst.BaseExpression, names: GateCacheNames) -> str | None:
+    """The gate cache ``expr`` casts (``log_decay.to(kv)``, ``self.g_cache.half()``)."""
+    if not (isinstance(expr, cst.Call) and method_name(expr) in _CASTS):
+        return None
+    assert isinstance(expr.func, cst.Attribute)
+    name = binding_name(expr.func.value)
+    return name if name is not None and names.matches(name) else None
 
 
 def _is_property(decorator: cst.BaseExpression) -> bool:

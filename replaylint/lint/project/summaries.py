@@ -38,6 +38,7 @@ Value = list[Any]
 """A summary value (see the module docstring)."""
 Definition = list[Any]
 """``["value", line, v]``, ``["function", line, params, v]``, ``["class", line, members, flags]``
+(a member ``["method", line, v, params]``: what a plain method returns)
 (``flags["module"]``: :func:`~replaylint.lint.project.module_facts.module_facts`)
 or ``["unknown", line]``."""
 Summary = dict[str, Any]
@@ -354,7 +355,7 @@ class _Summariser:
                         self._result(statement, [["self", "pos", None]]),
                     ]
                 else:
-                    entry = ["method", statement.lineno, UNKNOWN]
+                    entry = ["method", statement.lineno, *self._method(statement)]
             elif isinstance(statement, CONDITIONAL):
                 for node in ast.walk(statement):
                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -370,6 +371,18 @@ class _Summariser:
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
             flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
         return ["class", cls.lineno, members, flags]
+
+    def _method(self, method: ast.FunctionDef) -> tuple[Value, list[Any]]:
+        """What a plain method returns (``self`` its first parameter), and its parameters:
+        ``def ring_shapes(self, batch): return {"d_cache": ..., "g_cache": ...}``."""
+        params = _params(self, method.args)
+        plain = all(
+            _decorator_name(d) in {"functools.cache", "cache", "lru_cache", "functools.lru_cache"}
+            for d in method.decorator_list
+        )
+        if params is None or not params or params[0][1] != "pos" or not plain:
+            return UNKNOWN, []
+        return self._result(method, params), params
 
     def _member_value(self, node: ast.expr) -> Value:
         return _Values(self, {}, in_class=True).value(node)

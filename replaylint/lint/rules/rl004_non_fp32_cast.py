@@ -36,7 +36,8 @@ or matching another tensor (`.to(d_cache)`, `.type_as(k_cache)`, which take that
 `.to(device)`, `.to("cuda", non_blocking=True)`, `.float()` and `.to(torch.float32)` are fine, and
 so is `.to(other)` when `other` is known to be float32 (another gate cache).
 
-A cast is found wherever its result becomes a gate cache: returned from a `@property g_cache`,
+A cast is found wherever its result becomes a gate cache: returned from a `@property g_cache`
+or by a function, alone or in a tuple (`return d_cache.half(), g_cache.half()`),
 passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict or list literal or
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
 `.view(torch.bfloat16)` (or `.view(dtype)` of a name that holds a dtype: a parameter annotated
@@ -262,6 +263,25 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                 pool.g_cache.data = pool.g_cache.data.to(**{**kw, "dtype": torch.float32})
             """,
             message_contains="`.to(**kw)`",
+        ),
+        Invalid(
+            """
+            import torch
+
+            def to_half(cache):
+                # the caller gets the gate cache back in float16
+                state, d_cache, k_cache, g_cache = cache
+                return state, d_cache.half(), k_cache.half(), g_cache.half()
+            """,
+            """
+            import torch
+
+            def to_half(cache):
+                # the caller gets the gate cache back in float16
+                state, d_cache, k_cache, g_cache = cache
+                return state, d_cache.half(), k_cache.half(), g_cache.float()
+            """,
+            message_contains="`.half()`",
         ),
         Invalid(
             """

@@ -1,12 +1,15 @@
 """Module constants that list cache names, a gate cache's among them
-(``TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "log_gate_ring")``): a file that imports one
-and loops over it makes or loads the gate cache without naming it, so the pre-filter, which looks
-for gate-cache names, must let it through. Found in the files that name a gate cache, and
-remembered in the result cache under their sizes and times and the names learned so far."""
+(``TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "log_gate_ring")``), and functions or
+methods that return such a literal (``def ring_shapes(self): return {"d_cache": ..., "g_cache":
+...}``): a file that imports one, or calls the method on an instance, and loops over it makes or
+loads the gate cache without naming it, so the pre-filter, which looks for gate-cache names, must
+let it through. Found in the files that name a gate cache, and remembered in the result cache
+under their sizes and times and the names learned so far."""
 
 from __future__ import annotations
 
 import ast
+import bisect
 import hashlib
 import re
 from collections.abc import Callable, Sequence
@@ -22,6 +25,9 @@ __all__ = ["files_reading", "name_table_constants"]
 _CONSTANT_TABLE = re.compile(rb"^_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{]", re.MULTILINE)
 # a quoted identifier: what a listed cache name looks like before the parse confirms it
 _QUOTED_WORD = re.compile(rb"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""")
+# `return (...)`/`return {...}` in a function: the function's name is the table's
+_RETURNED_TABLE = re.compile(rb"^[ \t]+return[ \t]*(?=[(\[{])", re.MULTILINE)
+_DEFINITION = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
 _BRACKET = re.compile(rb"[()\[\]{}]")
 
@@ -97,7 +103,34 @@ def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
             continue
         if isinstance(target, ast.Name) and any(names.matches(e) for e in _listed(value)):
             found.add(target.id)
+    definitions: list[re.Match[bytes]] | None = None
+    for match in _RETURNED_TABLE.finditer(raw):
+        if not _literal_at(raw, match.end(), names):
+            continue
+        if definitions is None:
+            definitions = list(_DEFINITION.finditer(raw))
+        # the last definition above the return: the function that returns the literal
+        above = bisect.bisect_left([d.start() for d in definitions], match.start())
+        if above:
+            found.add(definitions[above - 1].group(1).decode("ascii"))
     return found
+
+
+def _literal_at(raw: bytes, start: int, names: GateCacheNames) -> bool:
+    """Whether the bracketed literal at ``start`` lists a gate-cache name."""
+    end = _closing(raw, start)
+    if end is None:
+        return False
+    text = raw[start : end + 1]
+    if text.isascii() and not any(
+        names.matches(word.decode("ascii")) for word in _QUOTED_WORD.findall(text)
+    ):
+        return False
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    return any(names.matches(e) for e in _listed(tree.body))
 
 
 def _closing(raw: bytes, start: int) -> int | None:
