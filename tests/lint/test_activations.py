@@ -518,3 +518,107 @@ def test_a_number_set_with_another_attribute_in_one_statement_is_a_number() -> N
                 rings.g_cache = F.logsigmoid(self.w(x)) / self.normalizer
         """
     assert _rows(source) == [(12, "RL003")]
+
+
+_MODEL_OBJECTS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KDAAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, dim: int) -> None:
+        super().__init__()
+        self.a_proj = nn.Linear(hidden, heads * dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(heads))
+        self.dt_bias = nn.Parameter(torch.zeros(heads * dim))
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([KDAAttention(8, 2, 4) for _ in range(2)])
+
+
+def seed(model{annotation}, hidden, d_cache, k_cache):
+    for attn in model.layers:
+        {line}
+        fused_recurrent_kda_replayssm_decode(d_cache=d_cache, k_cache=k_cache, g_cache=log_decay)
+"""
+
+
+@pytest.mark.parametrize("annotation", [": Model", ""])
+@pytest.mark.parametrize(
+    ("line", "flagged"),
+    [
+        # weights and a layer of another module object: the model's dtype
+        ("log_decay = -attn.A_log.exp() * F.softplus(attn.a_proj(hidden) + attn.dt_bias)", True),
+        # every operand cast first: float32
+        (
+            "log_decay = -attn.A_log.float().exp() * F.softplus("
+            "attn.a_proj(hidden).float() + attn.dt_bias.float())",
+            False,
+        ),
+        # the result cast: float32
+        (
+            "log_decay = (-attn.A_log.exp() * F.softplus(attn.a_proj(hidden) + attn.dt_bias))"
+            ".float()",
+            False,
+        ),
+    ],
+)
+def test_weights_and_layers_of_other_model_objects(
+    annotation: str, line: str, *, flagged: bool
+) -> None:
+    source = _MODEL_OBJECTS.replace("{annotation}", annotation).replace("{line}", line)
+    assert _rows(source) == ([(22, "RL003")] if flagged else [])
+
+
+def test_a_method_of_an_unknown_object_is_not_a_layer() -> None:
+    # `store.read(x)` is no projection: what it returns is not known to be an activation
+    source = """
+    import torch
+    import torch.nn.functional as F
+
+    def seed(store, hidden, d_cache, k_cache):
+        log_decay = -store.A_log.exp() * F.softplus(store.read(hidden))
+        fused_recurrent_kda_replayssm_decode(d_cache=d_cache, k_cache=k_cache, g_cache=log_decay)
+    """
+    assert _rows(source) == []
+
+
+def test_padding_made_like_an_activation_is_one_finding_at_the_join() -> None:
+    source = """
+    import torch
+    import torch.nn.functional as F
+
+    def prefill(attn, hidden, d_cache, k_cache):
+        mixed, a, b = attn.project(hidden)
+        step = -attn.A_log.exp()[:, None] * F.softplus(a + attn.dt_bias)
+        ring = torch.cat([step, step.new_zeros(4, 4)], dim=1)
+        fused_recurrent_kda_replayssm_decode(d_cache=d_cache, k_cache=k_cache, g_cache=ring)
+    """
+    assert _rows(source) == [(7, "RL003")]
+
+
+def test_a_computed_ring_is_reported_where_it_is_formed() -> None:
+    source = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a_proj = nn.Linear(8, 8)
+            self.A_log = nn.Parameter(torch.zeros(8))
+
+        def step(self, hidden, filled, d_cache, k_cache):
+            step = -self.A_log.exp() * F.softplus(self.a_proj(hidden))
+            log_gate = torch.where(filled, step, torch.tensor(0.0))
+            fused_recurrent_kda_replayssm_decode(d_cache=d_cache, k_cache=k_cache, g_cache=log_gate)
+    """
+    assert _rows(source) == [(13, "RL003")]
+    fixed = _fixed(source)
+    assert "g_cache=log_gate.to(torch.float32)" in fixed
+    assert _rows(fixed) == []

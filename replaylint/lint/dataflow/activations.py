@@ -13,8 +13,15 @@ Such a gate ring is only float32 when something casts it. Which tensors count as
   itself casts it to float32 elsewhere (``self.A_log.float()`` in another branch or method, or a
   function of the module it is passed to): its own code expects it in another dtype at run time
   (a model cast, a checkpoint);
+* the same weights and layers of another model object: ``attn.A_log`` and ``attn.a_proj(x)`` of
+  an instance of a module class of this module (``for attn in model.layers``); of an object whose
+  class the module does not show, KDA's gate parameters (``A_log``, ``dt_bias``) and its
+  projections (``attn.a_proj(x)``);
 * what views, indexing, elementwise functions and arithmetic with numbers make of those, and a
   matrix product with one of them (``x @ self.w_a``: both operands have one dtype).
+
+A finding is placed at the step closest to the ring (``torch.where(filled, step, 0.0)``), where
+one cast makes it float32.
 
 The analysis asks this only of an expression whose dtype it cannot tell otherwise, and only where
 something is *computed* (an elementwise function, arithmetic with a number): a ring passed
@@ -32,6 +39,8 @@ import libcst as cst
 from replaylint.lint.dataflow import callers, records
 from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.instances import instance_classes
+from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values, is_scalar
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
@@ -90,7 +99,12 @@ def activation_fact(
     the function is where a cast is missing, whatever this caller passes, so the fact is placed
     there too.
     """
-    if all(f.kind is Kind.UNKNOWN for f in facts):
+    described: str | None
+    if facts and all(f.kind is Kind.ACTIVATION for f in facts):
+        # a step further from the activation: the finding moves to where the ring is formed
+        # (`log_gate = torch.where(filled, step, 0.0)`), so one cast there fixes every path
+        described = " and ".join(dict.fromkeys(f.detail or "" for f in facts))
+    elif all(f.kind is Kind.UNKNOWN for f in facts):
         described = activation_source(prov, source, site, env)
     elif any(f.kind not in _DECIDED for f in facts):
         described = activation_source(prov, source, site, env, passed_only=True)
@@ -253,17 +267,21 @@ class _Trace:
         (and promotes what it meets) unless the model is cast, which this module may not show;
         one loaded as stored may be float32 on purpose; one whose making is not understood is
         not known to be either."""
-        owner = site.enclosing_class()
         receiver = attribute.value
         name = attribute.attr.value
-        if (
-            owner is None
-            or not isinstance(receiver, cst.Name)
-            or receiver.value != "self"
-            or self.prov.index.gate_caches.matches(name)
-        ):
+        if self.prov.index.gate_caches.matches(name):
             return None
-        described = f"`self.{name}`, a weight of `{owner.name.value}`"
+        found = self._model_object(receiver, site)
+        if found is None:
+            return None
+        owner, text = found
+        if owner is None:
+            # a model object of a class this module does not show: KDA's gate parameters are
+            # weights of the model, in its dtype unless something casts them
+            if name not in GATE_WEIGHTS:
+                return None
+            return f"`{text}.{name}`, a gate weight of the model"
+        described = f"`{text}.{name}`, a weight of `{owner.name.value}`"
         if name in self.prov.index.upcast_attributes(owner) or name in imported_upcasts(
             self.prov, owner
         ):
@@ -312,17 +330,73 @@ class _Trace:
             return self.source(positional[0].value, site, env, steps) if positional else None
         if (
             not self.passed_only
-            and _on_self(func)
             and method not in _NOT_LAYERS
             and positional_args(call)
+            and self._is_layer(func, site)
             and called_function(prov.index, prov, call, site) is None
         ):
             # not a method of the module (what one returns is followed elsewhere): a layer
             return f"`{one_line(prov.index.module, call)}`, a layer's output"
         return None
 
+    def _is_layer(self, func: cst.BaseExpression, site: Site) -> bool:
+        """``self.f_proj``, ``self.attn.g_proj``, or a part of another model object: ``attn.a_proj``
+        of an instance of a module class of this module, or a projection (``*proj*``) of a model
+        object whose class is not shown here."""
+        if _on_self(func):
+            return True
+        if not isinstance(func, cst.Attribute):
+            return False
+        found = self._model_object(func.value, site)
+        if found is None:
+            return False
+        return found[0] is not None or "proj" in func.attr.value.lower()
+
+    def _model_object(
+        self, receiver: cst.BaseExpression, site: Site
+    ) -> tuple[cst.ClassDef | None, str] | None:
+        """The class of a model object that holds weights and layers, with the receiver's text:
+        ``self`` in a module class, an instance of one module class of this module (``attn`` of
+        ``for attn in model.layers``), or (class None) a name or attribute chain of no class
+        this module shows. None for anything else (a call, a literal, a non-module class)."""
+        if isinstance(receiver, cst.Name) and receiver.value == "self":
+            owner = site.enclosing_class()
+            return None if owner is None else (owner, "self")
+        if not isinstance(receiver, (cst.Name, cst.Attribute)) or _on_self(receiver):
+            return None
+        text = one_line(self.prov.index.module, receiver)
+        classes = module_classes(self.prov)
+        names = instance_classes(self.prov, classes, receiver, site)
+        if names:
+            owners = {classes.by_name.get(name) for name in names}
+            owner = owners.pop() if len(owners) == 1 else None
+            if owner is None or not classes.is_module(owner):
+                return None
+            return owner, text
+        if isinstance(receiver, cst.Name) and prov_binds_literal(self.prov, receiver, site):
+            return None
+        return None, text
+
 
 _KEEPING_METHODS = DTYPE_PRESERVING_METHODS | ELEMENTWISE_METHODS
+# KDA's gate parameters: `g = -A_log.exp() * softplus(a + dt_bias)`
+GATE_WEIGHTS = frozenset({"A_log", "dt_bias"})
+
+
+def prov_binds_literal(prov: Provenance, name: cst.Name, site: Site) -> bool:
+    """Whether ``name`` is bound here to something that is no model object: a literal, a
+    comprehension, a number or string parameter."""
+    for binding, _ in prov.lookup(name.value, site) or ():
+        value = binding.value
+        if binding.kind == "param" and isinstance(binding.node, cst.Param):
+            if _not_a_tensor(binding.node):
+                return True
+        elif isinstance(
+            value,
+            (cst.Dict, cst.List, cst.Tuple, cst.BaseString, cst.Integer, cst.Float, cst.DictComp),
+        ):
+            return True
+    return False
 
 
 # what a weight in the model's dtype is made with

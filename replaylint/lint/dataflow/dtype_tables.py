@@ -127,6 +127,8 @@ def borrowed_gate_dtype(
         other = binding_name(borrowed) if isinstance(borrowed, (cst.Name, cst.Attribute)) else None
         if other is None or other == name or not _names_a_dtype(prov, other):
             continue
+        if _of_the_gate(prov, borrowed):
+            continue  # `ctx.g_dtype = g.dtype`: the gate tensor's own dtype, kept to cast back
         facts = prov.dtype_facts(borrowed, site)
         if facts and not all(f.is_float32 for f in facts):
             return name, borrowed
@@ -148,6 +150,14 @@ def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     ):
         return _choices(value.args[1].value)  # the fallback of a table lookup
     return [value]
+
+
+def _of_the_gate(prov: Provenance, borrowed: cst.BaseExpression) -> bool:
+    """``g.dtype``, ``log_decay.dtype``: the dtype of a tensor named for the gate itself."""
+    if not isinstance(borrowed, cst.Attribute) or not isinstance(borrowed.value, cst.Name):
+        return False
+    owner = borrowed.value.value
+    return owner.lower() in _GATE_WORDS or prov.index.gate_caches.matches(owner)
 
 
 def _names_a_dtype(prov: Provenance, name: str) -> bool:

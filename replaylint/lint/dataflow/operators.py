@@ -197,7 +197,27 @@ def _operand_facts(
         computed = activations.activation_fact(prov, operand, operand, site, env, facts)
         if computed is not None:
             return (computed,)
+    if facts and all(
+        f.kind is Kind.INHERITED and f.allocation is not None and f.allocation.kind != "factory"
+        for f in facts
+    ):
+        # `log_decay.new_zeros(...)` padding `log_decay`: the activation's dtype, one finding
+        # for the join rather than one for the padding
+        source = _like_source(prov, operand)
+        source_facts = prov.tensor_facts(source, site, env) if source is not None else ()
+        if source_facts and all(f.kind is Kind.ACTIVATION for f in source_facts):
+            return source_facts
     return facts
+
+
+def _like_source(prov: Provenance, call: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor whose dtype ``zeros_like(t)`` or ``t.new_zeros(...)`` takes."""
+    if not isinstance(call, cst.Call):
+        return None
+    if isinstance(call.func, cst.Attribute) and (method_name(call) or "").startswith("new_"):
+        return call.func.value
+    positional = positional_args(call)
+    return positional[0].value if positional else None
 
 
 def _rank(facts: Sequence[TensorFact]) -> int | None:

@@ -269,6 +269,18 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             rings = gate_ring((4, 16), torch.float32)
             """
         ),
+        Valid(
+            """
+            import torch
+
+            class ChunkGate(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, g):
+                    # the gate tensor's own dtype, kept to cast the gradient back: no setting
+                    ctx.g_dtype = g.dtype
+                    return g.float().cumsum(-1)
+            """
+        ),
     )
     INVALID = (
         Invalid(
