@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from project_support import cli_rows
 
 from replaylint.lint.engine import Linter
 from replaylint.lint.gatecache.names import GateCacheNames
@@ -141,3 +144,57 @@ def test_a_dtype_field_named_like_the_gate_cache_is_its_dtype_setting() -> None:
             "torch.bfloat16\n\nclass Pool", "0\n\nclass Pool"
         )
     ) == [("RL002", 11)]
+
+
+_LAYOUT = """
+from typing import NamedTuple
+
+
+class Layout(NamedTuple):
+    key_dtype: torch.dtype = torch.bfloat16
+    logdecay_dtype: torch.dtype = {default}
+
+    def allocate(self, n):
+        return dict(
+            key_ring=torch.zeros(n, dtype=self.key_dtype),
+            logdecay_ring=torch.zeros(n, dtype=self.logdecay_dtype),
+        )
+
+
+class ReplayCacheSpec(NamedTuple):
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def logdecay_dtype(self) -> torch.dtype:
+        return self.dtype
+
+
+def from_spec(spec: {annotation}, n):
+    logdecay_ring = torch.zeros(n, dtype=spec.logdecay_dtype)
+    return logdecay_ring
+
+
+def step(layout, spec, n):
+    rings = layout.allocate(n)
+    fused_recurrent_kda_replayssm_decode(
+        d_cache=None, k_cache=rings["key_ring"], g_cache=rings["logdecay_ring"]
+    )
+    fused_recurrent_kda_replayssm_decode(d_cache=None, k_cache=None, g_cache=from_spec(spec, n))
+"""
+
+
+@pytest.mark.parametrize("annotation", ["Layout", "ReplayCacheSpec"])
+@pytest.mark.parametrize("default", ["torch.bfloat16", "torch.float32"])
+def test_a_setting_named_after_a_learned_ring(
+    tmp_path: Path, annotation: str, default: str
+) -> None:
+    # `logdecay_dtype` beside the learned ring `logdecay_ring` is the gate ring's setting: a
+    # non-float32 default is reported where it is declared, not at the allocations reading it;
+    # the key ring's setting is not one
+    source = _LAYOUT.replace("{default}", default).replace("{annotation}", annotation)
+    (tmp_path / "layout.py").write_text(f"import torch\n{source}", encoding="utf-8")
+    expected = [("layout.py", 8, "RL001")] if default == "torch.bfloat16" else []
+    if annotation != "Layout":
+        # another class's setting of that name is not this declaration: judged at the allocation
+        expected.append(("layout.py", 26, "RL002"))
+    assert cli_rows(tmp_path, "--isolated", "--no-cache", ".") == expected

@@ -36,6 +36,8 @@ _RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 # words that name the gate ring in a dtype setting (`gate_dtype`, `g_dtype`, `gate_ring_dtype`)
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
 _GATE_RING_WORDS = frozenset({"gate_ring", "g_ring", "log_decay"})
+# what a ring's name adds to what it holds (`logdecay_ring` holds log-decays)
+_RING_SUFFIXES = ("ring", "cache", "buf", "buffer", "ring_buf", "history")
 
 
 # how the reasons of names guessed from their neighbours begin
@@ -145,6 +147,8 @@ class GateCacheNames:
         prefix = core[: -len("_dtype")]
         if prefix in GATE_DTYPE_WORDS or self.matches(prefix):
             return True
+        if any(f"{prefix}_{suffix}" in self._learned_lower for suffix in _RING_SUFFIXES):
+            return True  # `logdecay_dtype` beside a learned `logdecay_ring`
         # `ring_log_decay_dtype`: a qualifier before a word only the gate ring goes by (not
         # `gate` alone: `wkv_gate_dtype`, `moe_gate_dtype` are other gates)
         return any(prefix.endswith(f"_{word}") for word in _GATE_RING_WORDS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 
 from replaylint.lint.context import FileContext
@@ -543,21 +545,53 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
         if typed and not names.matches(name):
             return False
         index = self.provenance.index
-        defaults = [
-            value
-            for cls in index.classes()
-            if isinstance(cls.body, cst.IndentedBlock)
-            for line in cls.body.body
-            if isinstance(line, cst.SimpleStatementLine)
-            for small in line.body
-            for value in _class_field_value(small, name, typed=typed)
-        ]
+        declaring: set[str] = set()
+        defaults: list[cst.BaseExpression] = []
+        for cls in index.classes():
+            if not isinstance(cls.body, cst.IndentedBlock):
+                continue
+            for line in cls.body.body:
+                if isinstance(line, cst.SimpleStatementLine):
+                    for small in line.body:
+                        found = _class_field_value(small, name, typed=typed)
+                        defaults += found
+                        declaring.update(cls.name.value for _ in found[:1])
+        if _annotated_otherwise(index.module, dtype.value, declaring):
+            return False  # `spec: ReplayCacheSpec`: another class's setting of that name
         return (
             bool(defaults)
             and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
             # `self.decay_ring = ...` of a field named like the ring is the ring, not the field
             and (typed or not index.assigns_attribute(name, by_setattr=False))
         )
+
+
+def _annotated_otherwise(
+    module: cst.Module, receiver: cst.BaseExpression, declaring: set[str]
+) -> bool:
+    """Whether ``receiver`` is a parameter annotated with a class other than the ``declaring``
+    ones, in some function of the module."""
+    if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
+        return False
+    for param in _parameters(module):
+        if param.name.value != receiver.value or param.annotation is None:
+            continue
+        annotation = param.annotation.annotation
+        named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
+        named = annotation.value if isinstance(annotation, cst.Name) else named
+        if named is not None and named[:1].isupper() and named not in declaring:
+            return True
+    return False
+
+
+def _parameters(module: cst.Module) -> Iterator[cst.Param]:
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Param):
+            yield node
+        elif not isinstance(node, cst.BaseExpression) or isinstance(node, cst.Lambda):
+            stack.extend(node.children)
 
 
 def _class_field_value(
