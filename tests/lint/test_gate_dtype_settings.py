@@ -174,6 +174,10 @@ def from_spec(spec: {annotation}, n):
     return logdecay_ring
 
 
+def unrelated(spec: Int8Config):  # another function's parameter of that name
+    return spec
+
+
 def step(layout, spec, n):
     rings = layout.allocate(n)
     fused_recurrent_kda_replayssm_decode(

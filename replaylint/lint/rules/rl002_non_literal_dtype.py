@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import libcst as cst
 
 from replaylint.lint.context import FileContext
@@ -569,29 +567,34 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
 def _annotated_otherwise(
     module: cst.Module, receiver: cst.BaseExpression, declaring: set[str]
 ) -> bool:
-    """Whether ``receiver`` is a parameter annotated with a class other than the ``declaring``
-    ones, in some function of the module."""
+    """Whether ``receiver`` is a parameter of its function annotated with a class other than
+    the ``declaring`` ones."""
     if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
         return False
-    for param in _parameters(module):
+    function = _enclosing_function(module, receiver)
+    if function is None:
+        return False
+    for param in (*function.params.params, *function.params.kwonly_params):
         if param.name.value != receiver.value or param.annotation is None:
             continue
         annotation = param.annotation.annotation
         named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
         named = annotation.value if isinstance(annotation, cst.Name) else named
-        if named is not None and named[:1].isupper() and named not in declaring:
-            return True
+        return named is not None and named[:1].isupper() and named not in declaring
     return False
 
 
-def _parameters(module: cst.Module) -> Iterator[cst.Param]:
-    stack: list[cst.CSTNode] = [module]
+def _enclosing_function(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The innermost function whose body holds ``node``."""
+    stack: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(module, None)]
     while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Param):
-            yield node
-        elif not isinstance(node, cst.BaseExpression) or isinstance(node, cst.Lambda):
-            stack.extend(node.children)
+        current, function = stack.pop()
+        if current is node:
+            return function
+        if isinstance(current, cst.FunctionDef):
+            function = current
+        stack.extend((child, function) for child in current.children)
+    return None
 
 
 def _class_field_value(
