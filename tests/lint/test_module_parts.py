@@ -229,3 +229,64 @@ def test_what_a_parameters_annotation_says_is_built_or_held(tmp_path: Path) -> N
     }
     found = lint_in_project(tmp_path, files, "pkg/serve.py")
     assert [(f.location.row, f.code) for f in found][:2] == [(11, "RL004"), (19, "RL004")]
+
+
+_MIXIN = """
+import torch
+from torch import nn
+
+
+class ModelMixin(nn.Module):
+    _keep_in_fp32_buffers: tuple[str, ...] = ()
+{apply}
+"""
+
+_KEEPING_APPLY = """
+    def _apply(self, fn, recurse=True):
+        kept = {
+            name: buf
+            for name, buf in self.named_buffers()
+            if name.rpartition(".")[2] in self._keep_in_fp32_buffers and buf.dtype == torch.float32
+        }
+        super()._apply(fn, recurse)
+        for name, buf in kept.items():
+            owner, _, leaf = name.rpartition(".")
+            self.get_submodule(owner)._buffers[leaf] = buf
+        return self
+"""
+
+_HOLDER = """
+import torch
+from torch import nn
+
+from .mixin import ModelMixin
+
+
+class StateCache(nn.Module):
+    def __init__(self, slots: int) -> None:
+        super().__init__()
+        self.register_buffer("d_cache", torch.zeros(slots, 4, 8, 4))
+        self.register_buffer("g_cache", torch.zeros(slots, 4, 8, 4, dtype=torch.float32))
+
+
+class KDAModel(ModelMixin):
+    _keep_in_fp32_buffers = ("g_cache",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = StateCache(2)
+
+
+def build():
+    return KDAModel().to(torch.bfloat16)
+"""
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_a_base_of_another_module_that_keeps_buffers_float32(tmp_path: Path, keeps: bool) -> None:
+    # the project's base class overrides `_apply` to put float32 buffers back: casting a model
+    # built on it keeps the gate ring float32; without the override the cast converts it
+    mixin = _MIXIN.replace("{apply}", _KEEPING_APPLY if keeps else "")
+    files = {"pkg/__init__.py": "", "pkg/mixin.py": mixin, "pkg/model.py": _HOLDER}
+    codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/model.py")]
+    assert codes == ([] if keeps else ["RL004"])

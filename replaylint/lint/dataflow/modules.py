@@ -37,7 +37,8 @@ from replaylint.lint.dataflow.torch_api import (
 )
 from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
-from replaylint.lint.project.gate_buffers import registers_gate_buffer
+from replaylint.lint.project.gate_buffers import class_keeps_float32, registers_gate_buffer
+from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import (
     binding_name,
     dotted_name,
@@ -449,6 +450,8 @@ def _inherited(
     seen.add(name)
     for base in classes[name].bases:
         base_name = dotted_name(base.value)
+        if imported_base_keeps(prov, base.value):
+            return None  # `class Model(ModelMixin)`: the project's base decides what casts do
         if base_name is not None and base_name in classes:
             if keeps_float32(prov, classes[base_name]):
                 return None
@@ -456,3 +459,18 @@ def _inherited(
             if found is not None:
                 return found
     return None
+
+
+def imported_base_keeps(prov: Provenance, base: cst.BaseExpression) -> bool:
+    """Whether ``base`` is a class of another module of the project that (or one of whose
+    bases) keeps gate buffers float32 through a cast (guarded, or a cast override that
+    restores them)."""
+    if prov.project is None or not isinstance(base, (cst.Name, cst.Attribute)):
+        return False
+    names = prov.index.imported_names(base)
+    if len(names) != 1:
+        return False
+    found = prov.project.resolve(next(iter(names)))
+    if not isinstance(found, Found) or found.definition[0] != "class":
+        return False
+    return class_keeps_float32(prov.project.index, found, prov.index.gate_caches.matches)

@@ -30,6 +30,7 @@ from replaylint.lint.dataflow.modules import (
     GUARD,
     GateBuffer,
     ModuleCast,
+    imported_base_keeps,
     keeps_float32,
     module_cast_dtypes,
 )
@@ -115,7 +116,10 @@ def keeps_gate_buffers_float32(prov: Provenance, classes: ModuleClasses, cls: cs
     """Whether ``cls`` (or a base class of the module) is guarded, or overrides a cast method
     of ``nn.Module`` with a body that restores float32 gate buffers: it then decides what a
     cast does to them, here and for every module that holds it."""
-    return any(keeps_float32(prov, owner) for owner in classes.mro(cls))
+    return any(
+        keeps_float32(prov, owner) or any(imported_base_keeps(prov, b.value) for b in owner.bases)
+        for owner in classes.mro(cls)
+    )
 
 
 def held_module_cast(

@@ -116,6 +116,25 @@ def project_bases(index: ProjectIndex, found: Found) -> set[str]:
     return names
 
 
+def class_keeps_float32(index: ProjectIndex, found: Found, matches: Matches) -> bool:
+    """Whether the project class ``found`` or one of its project bases keeps gate buffers
+    float32 through a module cast."""
+    stack, seen = [found], {(found.module, found.name)}
+    while stack:
+        current = stack.pop()
+        facts = _facts(current)
+        if facts is None:
+            continue
+        if _keeps(facts, matches):
+            return True
+        for base in facts["bases"]:
+            parent = class_value(index, current.module, base)
+            if parent is not None and (parent.module, parent.name) not in seen:
+                seen.add((parent.module, parent.name))
+                stack.append(parent)
+    return False
+
+
 def class_value(index: ProjectIndex, module: str, value: Value) -> Found | None:
     """The project class a summary value of ``module`` names."""
     target = index.value_target(module, value, (), 0)
