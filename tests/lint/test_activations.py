@@ -587,7 +587,13 @@ def test_a_method_of_an_unknown_object_is_not_a_layer() -> None:
     assert _rows(source) == []
 
 
-def test_padding_made_like_an_activation_is_one_finding_at_the_join() -> None:
+@pytest.mark.parametrize("named", [False, True])
+def test_padding_made_like_an_activation_is_one_finding_at_the_join(*, named: bool) -> None:
+    join = (
+        "pad = step.new_zeros(4, 4)\n        ring = torch.cat([step, pad], dim=1)"
+        if named
+        else "ring = torch.cat([step, step.new_zeros(4, 4)], dim=1)"
+    )
     source = """
     import torch
     import torch.nn.functional as F
@@ -595,10 +601,10 @@ def test_padding_made_like_an_activation_is_one_finding_at_the_join() -> None:
     def prefill(attn, hidden, d_cache, k_cache):
         mixed, a, b = attn.project(hidden)
         step = -attn.A_log.exp()[:, None] * F.softplus(a + attn.dt_bias)
-        ring = torch.cat([step, step.new_zeros(4, 4)], dim=1)
+        {join}
         fused_recurrent_kda_replayssm_decode(d_cache=d_cache, k_cache=k_cache, g_cache=ring)
-    """
-    assert _rows(source) == [(7, "RL003")]
+    """.replace("{join}", join)
+    assert _rows(source) == [(8 if named else 7, "RL003")]
 
 
 def test_a_computed_ring_is_reported_where_it_is_formed() -> None:

@@ -203,9 +203,11 @@ def _operand_facts(
     ):
         # `log_decay.new_zeros(...)` padding `log_decay`: the activation's dtype, one finding
         # for the join rather than one for the padding
-        source = _like_source(prov, operand)
+        calls = {id(f.allocation.call): f.allocation.call for f in facts if f.allocation}
+        source = _like_source(prov, next(iter(calls.values()))) if len(calls) == 1 else None
         source_facts = prov.tensor_facts(source, site, env) if source is not None else ()
-        if source_facts and all(f.kind is Kind.ACTIVATION for f in source_facts):
+        kinds = {f.kind for f in source_facts}
+        if Kind.ACTIVATION in kinds and kinds <= {Kind.ACTIVATION, Kind.FLOAT32}:
             return source_facts
     return facts
 
