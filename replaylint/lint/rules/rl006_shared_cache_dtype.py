@@ -26,6 +26,7 @@ from replaylint.lint.rules.loop_treatment import (
     loop_treatment,
     shared_treatment,
 )
+from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
 from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
@@ -418,6 +419,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 self._keyed(subject.slice[0].slice.value, node.value, self._loops, subject.value)
             if isinstance(subject, (cst.Tuple, cst.List)):
                 self._unpacked(subject, node.value)
+            elif found := read_key_finding(self, subject, node.value):
+                self.report(found.node, found.message, fix=found.fix)
 
     def visit_DictComp(self, node: cst.DictComp) -> None:
         for_in = node.for_in
