@@ -87,6 +87,9 @@ HALVES = (
     "fresh12",
     "fresh13",
     "fresh14",
+    "fresh15",
+    "fresh16",
+    "fresh17",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -1,0 +1,1 @@
+"""Patches applied to the Kimi Linear model classes at load time."""

@@ -1,0 +1,1 @@
+"""Config, model-loading and callback helpers."""

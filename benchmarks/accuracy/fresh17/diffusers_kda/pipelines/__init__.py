@@ -1,0 +1,2 @@
+from .pipeline_kda_decode import KDADecodePipeline, KDADecodePipelineOutput
+from .pipeline_utils import DiffusionPipeline
