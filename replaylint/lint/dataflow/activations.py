@@ -103,7 +103,7 @@ def activation_fact(
     if facts and all(f.kind is Kind.ACTIVATION for f in facts):
         # a step further from the activation: the finding moves to where the ring is formed
         # (`log_gate = torch.where(filled, step, 0.0)`), so one cast there fixes every path
-        described = " and ".join(dict.fromkeys(f.detail or "" for f in facts))
+        described = " and ".join(dict.fromkeys(f.detail for f in facts))
     elif all(f.kind is Kind.UNKNOWN for f in facts):
         described = activation_source(prov, source, site, env)
     elif any(f.kind not in _DECIDED for f in facts):
@@ -373,7 +373,7 @@ class _Trace:
             if owner is None or not classes.is_module(owner):
                 return None
             return owner, text
-        if isinstance(receiver, cst.Name) and prov_binds_literal(self.prov, receiver, site):
+        if isinstance(receiver, cst.Name) and _bound_to_no_model_object(self.prov, receiver, site):
             return None
         return None, text
 
@@ -383,7 +383,7 @@ _KEEPING_METHODS = DTYPE_PRESERVING_METHODS | ELEMENTWISE_METHODS
 GATE_WEIGHTS = frozenset({"A_log", "dt_bias"})
 
 
-def prov_binds_literal(prov: Provenance, name: cst.Name, site: Site) -> bool:
+def _bound_to_no_model_object(prov: Provenance, name: cst.Name, site: Site) -> bool:
     """Whether ``name`` is bound here to something that is no model object: a literal, a
     comprehension, a number or string parameter."""
     for binding, _ in prov.lookup(name.value, site) or ():

@@ -59,3 +59,14 @@ def literal_dtype(index: ModuleIndex, expr: cst.BaseExpression) -> str | None:
         if dtype is not None:
             return dtype
     return None
+
+
+def dtype_source(index: ModuleIndex, allocation: Allocation) -> cst.BaseExpression | None:
+    """The tensor whose dtype a ``like`` or ``new_*`` allocation takes without a dtype argument:
+    ``t`` of ``torch.zeros_like(t)`` or of ``t.new_zeros(...)``; None for a factory."""
+    if allocation.kind == "like":
+        positional = positional_args(allocation.call)
+        return positional[0].value if positional else None
+    if allocation.kind == "new":
+        return method_receiver(index, allocation.call)
+    return None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow import activations
+from replaylint.lint.dataflow.allocations import dtype_source
 from replaylint.lint.dataflow.facts import (
     CastValue,
     Kind,
@@ -203,23 +204,13 @@ def _operand_facts(
     ):
         # `log_decay.new_zeros(...)` padding `log_decay`: the activation's dtype, one finding
         # for the join rather than one for the padding
-        calls = {id(f.allocation.call): f.allocation.call for f in facts if f.allocation}
-        source = _like_source(prov, next(iter(calls.values()))) if len(calls) == 1 else None
+        made = {id(f.allocation.call): f.allocation for f in facts if f.allocation}
+        source = dtype_source(prov.index, next(iter(made.values()))) if len(made) == 1 else None
         source_facts = prov.tensor_facts(source, site, env) if source is not None else ()
         kinds = {f.kind for f in source_facts}
         if Kind.ACTIVATION in kinds and kinds <= {Kind.ACTIVATION, Kind.FLOAT32}:
             return source_facts
     return facts
-
-
-def _like_source(prov: Provenance, call: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The tensor whose dtype ``zeros_like(t)`` or ``t.new_zeros(...)`` takes."""
-    if not isinstance(call, cst.Call):
-        return None
-    if isinstance(call.func, cst.Attribute) and (method_name(call) or "").startswith("new_"):
-        return call.func.value
-    positional = positional_args(call)
-    return positional[0].value if positional else None
 
 
 def _rank(facts: Sequence[TensorFact]) -> int | None:

@@ -44,7 +44,12 @@ from replaylint.lint.dataflow import (
     records,
     strings,
 )
-from replaylint.lint.dataflow.allocations import as_allocation, literal_dtype, method_receiver
+from replaylint.lint.dataflow.allocations import (
+    as_allocation,
+    dtype_source,
+    literal_dtype,
+    method_receiver,
+)
 from replaylint.lint.dataflow.facts import (
     AddDtypeArgument,
     Allocation,
@@ -501,11 +506,7 @@ class Provenance:
                 return
             yield defaults.default_dtype_fact(self, allocation, site, env)
             return
-        if allocation.kind == "like":
-            positional = positional_args(call)
-            source = positional[0].value if positional else None
-        else:  # new_*: the receiver's dtype
-            source = method_receiver(self.index, call)
+        source = dtype_source(self.index, allocation)  # like or new_*: that tensor's dtype
         source_facts = self.tensor_facts(source, site, env) if source is not None else ()
         if source_facts and all(f.kind is Kind.PASSED for f in source_facts):
             # the dtype the function's callers pass; a dtype argument makes this one float32

@@ -10,8 +10,9 @@ module of the project) registers, unless a class on the way decides itself what 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from replaylint.lint.project.index import Found, Origin, ProjectIndex
@@ -102,37 +103,30 @@ def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str
 
 def project_bases(index: ProjectIndex, found: Found) -> set[str]:
     """The names of the project classes ``found`` derives from, at any depth."""
-    names: set[str] = set()
-    stack, seen = [found], {(found.module, found.name)}
-    while stack:
-        current = stack.pop()
-        facts = _facts(current)
-        for base in facts["bases"] if facts is not None else ():
-            parent = class_value(index, current.module, base)
-            if parent is not None and (parent.module, parent.name) not in seen:
-                seen.add((parent.module, parent.name))
-                names.add(parent.name)
-                stack.append(parent)
-    return names
+    return {current.name for current in islice(_with_bases(index, found), 1, None)}
 
 
 def class_keeps_float32(index: ProjectIndex, found: Found, matches: Matches) -> bool:
     """Whether the project class ``found`` or one of its project bases keeps gate buffers
     float32 through a module cast."""
+    return any(
+        (facts := _facts(current)) is not None and _keeps(facts, matches)
+        for current in _with_bases(index, found)
+    )
+
+
+def _with_bases(index: ProjectIndex, found: Found) -> Iterator[Found]:
+    """``found``, then the project classes it derives from, at any depth, each once."""
     stack, seen = [found], {(found.module, found.name)}
     while stack:
         current = stack.pop()
+        yield current
         facts = _facts(current)
-        if facts is None:
-            continue
-        if _keeps(facts, matches):
-            return True
-        for base in facts["bases"]:
+        for base in facts["bases"] if facts is not None else ():
             parent = class_value(index, current.module, base)
             if parent is not None and (parent.module, parent.name) not in seen:
                 seen.add((parent.module, parent.name))
                 stack.append(parent)
-    return False
 
 
 def class_value(index: ProjectIndex, module: str, value: Value) -> Found | None:

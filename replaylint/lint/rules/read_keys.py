@@ -102,10 +102,16 @@ def _gate_key_read(context: FileContext, target: cst.BaseExpression) -> str | No
     module = context.module
     written = module.code_for_node(target)
     for node in descendants(module):
-        if isinstance(node, cst.Subscript) and module.code_for_node(node.value) == written:
-            key = string_key(node)
-            if key is not None and context.gate_caches.matches(key):
-                return key
+        if not isinstance(node, cst.Subscript):
+            continue
+        key = string_key(node)
+        # the key first: spelling out every subscripted value costs more
+        if (
+            key is not None
+            and context.gate_caches.matches(key)
+            and module.code_for_node(node.value) == written
+        ):
+            return key
     return None
 
 

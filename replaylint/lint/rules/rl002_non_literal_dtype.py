@@ -20,6 +20,7 @@ from replaylint.lint.rules.wording import (
     through,
 )
 from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.traversal import syntax_children
 
 
 class NonLiteralDtype(Rule):
@@ -553,7 +554,8 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                     for small in line.body:
                         found = _class_field_value(small, name, typed=typed)
                         defaults += found
-                        declaring.update(cls.name.value for _ in found[:1])
+                        if found:
+                            declaring.add(cls.name.value)
         if _annotated_otherwise(index.module, dtype.value, declaring):
             return False  # `spec: ReplayCacheSpec`: another class's setting of that name
         return (
@@ -593,7 +595,7 @@ def _enclosing_function(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDe
             return function
         if isinstance(current, cst.FunctionDef):
             function = current
-        stack.extend((child, function) for child in current.children)
+        stack.extend((child, function) for child in syntax_children(current))
     return None
 
 
