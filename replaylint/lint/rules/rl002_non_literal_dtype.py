@@ -5,12 +5,12 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype, is_dtype_annotation
+from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
-from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.declared_settings import declared_setting
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
@@ -20,7 +20,6 @@ from replaylint.lint.rules.wording import (
     through,
 )
 from replaylint.lint.syntax.nodes import one_line
-from replaylint.lint.syntax.traversal import syntax_children
 
 
 class NonLiteralDtype(Rule):
@@ -521,7 +520,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             at = reported_at(fact)
             if self._in_reported_setting(at):
                 continue  # reported as the gate-dtype setting that borrowed this dtype
-            if self._declared_setting(fact.node):
+            if declared_setting(self.context, self.provenance.index, fact.node):
                 continue  # judged where the setting is declared (RL001 for a non-float32 one)
             self.report(
                 at,
@@ -529,99 +528,3 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
-
-    def _declared_setting(self, dtype: cst.CSTNode) -> bool:
-        """Whether ``dtype`` reads a gate-dtype setting (``spec.gate_dtype``) that this module
-        declares only as class fields with a literal torch dtype default (``gate_dtype:
-        torch.dtype = torch.bfloat16``) and never assigns (a ``setattr`` that swaps submodules
-        is not counted): the declaration decides the ring's dtype, and RL001 reports it there
-        when it is not float32."""
-        if not isinstance(dtype, cst.Attribute):
-            return False
-        name, names = dtype.attr.value, self.context.gate_caches
-        # a field named like the gate cache itself counts where it is declared a dtype
-        typed = not names.names_gate_dtype(name)
-        if typed and not names.matches(name):
-            return False
-        index = self.provenance.index
-        declaring: set[str] = set()
-        defaults: list[cst.BaseExpression] = []
-        for cls in index.classes():
-            if not isinstance(cls.body, cst.IndentedBlock):
-                continue
-            for line in cls.body.body:
-                if isinstance(line, cst.SimpleStatementLine):
-                    for small in line.body:
-                        found = _class_field_value(small, name, typed=typed)
-                        defaults += found
-                        if found:
-                            declaring.add(cls.name.value)
-        if _annotated_otherwise(index.module, dtype.value, declaring):
-            return False  # `spec: ReplayCacheSpec`: another class's setting of that name
-        return (
-            bool(defaults)
-            and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
-            # `self.decay_ring = ...` of a field named like the ring is the ring, not the field
-            and (typed or not index.assigns_attribute(name, by_setattr=False))
-        )
-
-
-def _annotated_otherwise(
-    module: cst.Module, receiver: cst.BaseExpression, declaring: set[str]
-) -> bool:
-    """Whether ``receiver`` is a parameter of its function annotated with a class other than
-    the ``declaring`` ones."""
-    if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
-        return False
-    function = _enclosing_function(module, receiver)
-    if function is None:
-        return False
-    for param in (*function.params.params, *function.params.kwonly_params):
-        if param.name.value != receiver.value or param.annotation is None:
-            continue
-        annotation = param.annotation.annotation
-        named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
-        named = annotation.value if isinstance(annotation, cst.Name) else named
-        return named is not None and named[:1].isupper() and named not in declaring
-    return False
-
-
-def _enclosing_function(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
-    """The innermost function whose body holds ``node``."""
-    stack: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(module, None)]
-    while stack:
-        current, function = stack.pop()
-        if current is node:
-            return function
-        if isinstance(current, cst.FunctionDef):
-            function = current
-        stack.extend((child, function) for child in syntax_children(current))
-    return None
-
-
-def _class_field_value(
-    statement: cst.BaseSmallStatement, name: str, *, typed: bool = False
-) -> list[cst.BaseExpression]:
-    """The default a class-body statement gives the field ``name`` (none: not that field);
-    ``typed``: only a field annotated as a dtype."""
-    if (
-        isinstance(statement, cst.AnnAssign)
-        and isinstance(statement.target, cst.Name)
-        and statement.target.value == name
-        and statement.value is not None
-        and (not typed or is_dtype_annotation(statement.annotation))
-    ):
-        return [statement.value]
-    if (
-        not typed
-        and isinstance(statement, cst.Assign)
-        and any(
-            isinstance(t.target, cst.Name) and t.target.value == name for t in statement.targets
-        )
-    ):
-        return [statement.value]
-    return []
-
-
-def _literal_torch_dtype(names: set[str]) -> bool:
-    return any(dtype_from_qualified_name(name) is not None for name in names)

@@ -1,0 +1,111 @@
+"""RL002's gate-dtype settings that are decided where a class declares them.
+
+``spec.gate_dtype`` read at an allocation is only as float32 as the field it names. When the
+module declares that field only as class fields with a literal torch dtype default
+(``gate_dtype: torch.dtype = torch.bfloat16``) and never assigns it, the declaration decides the
+ring's dtype: RL001 reports it there when it is not float32, and RL002 stays quiet at the use.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.dtype_tables import is_dtype_annotation
+from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
+from replaylint.lint.syntax.traversal import syntax_children
+
+
+def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNode) -> bool:
+    """Whether ``dtype`` reads a gate-dtype setting that this module declares only as class
+    fields with a literal torch dtype default and never assigns (a ``setattr`` that swaps
+    submodules is not counted)."""
+    if not isinstance(dtype, cst.Attribute):
+        return False
+    name, names = dtype.attr.value, context.gate_caches
+    # a field named like the gate cache itself counts where it is declared a dtype
+    typed = not names.names_gate_dtype(name)
+    if typed and not names.matches(name):
+        return False
+    declaring: set[str] = set()
+    defaults: list[cst.BaseExpression] = []
+    for cls in index.classes():
+        if not isinstance(cls.body, cst.IndentedBlock):
+            continue
+        for line in cls.body.body:
+            if isinstance(line, cst.SimpleStatementLine):
+                for small in line.body:
+                    found = _class_field_value(small, name, typed=typed)
+                    defaults += found
+                    if found:
+                        declaring.add(cls.name.value)
+    if _annotated_otherwise(index.module, dtype.value, declaring):
+        return False  # `spec: ReplayCacheSpec`: another class's setting of that name
+    return (
+        bool(defaults)
+        and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
+        # `self.decay_ring = ...` of a field named like the ring is the ring, not the field
+        and (typed or not index.assigns_attribute(name, by_setattr=False))
+    )
+
+
+def _annotated_otherwise(
+    module: cst.Module, receiver: cst.BaseExpression, declaring: set[str]
+) -> bool:
+    """Whether ``receiver`` is a parameter of its function annotated with a class other than
+    the ``declaring`` ones."""
+    if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
+        return False
+    function = _enclosing_function(module, receiver)
+    if function is None:
+        return False
+    for param in (*function.params.params, *function.params.kwonly_params):
+        if param.name.value != receiver.value or param.annotation is None:
+            continue
+        annotation = param.annotation.annotation
+        named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
+        named = annotation.value if isinstance(annotation, cst.Name) else named
+        return named is not None and named[:1].isupper() and named not in declaring
+    return False
+
+
+def _enclosing_function(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The innermost function whose body holds ``node``."""
+    stack: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(module, None)]
+    while stack:
+        current, function = stack.pop()
+        if current is node:
+            return function
+        if isinstance(current, cst.FunctionDef):
+            function = current
+        stack.extend((child, function) for child in syntax_children(current))
+    return None
+
+
+def _class_field_value(
+    statement: cst.BaseSmallStatement, name: str, *, typed: bool = False
+) -> list[cst.BaseExpression]:
+    """The default a class-body statement gives the field ``name`` (none: not that field);
+    ``typed``: only a field annotated as a dtype."""
+    if (
+        isinstance(statement, cst.AnnAssign)
+        and isinstance(statement.target, cst.Name)
+        and statement.target.value == name
+        and statement.value is not None
+        and (not typed or is_dtype_annotation(statement.annotation))
+    ):
+        return [statement.value]
+    if (
+        not typed
+        and isinstance(statement, cst.Assign)
+        and any(
+            isinstance(t.target, cst.Name) and t.target.value == name for t in statement.targets
+        )
+    ):
+        return [statement.value]
+    return []
+
+
+def _literal_torch_dtype(names: set[str]) -> bool:
+    return any(dtype_from_qualified_name(name) is not None for name in names)
