@@ -124,7 +124,7 @@ class WrappedKDABlock(nn.Module):
         return q, k, v, self.a_proj(x), self.b_proj(x).sigmoid()
 
     def forward(self, hidden_states, cache=None, positions=None):
-        """``hidden_states`` [batch, hidden]; ``cache`` a session's (delta, key, log_gate, state) and
+        """``hidden_states`` [batch, hidden]; ``cache`` a client's (delta, key, log_gate, state) and
         ``positions`` its ring positions, or the block's own rings when there is no session."""
         own = cache is None
         delta, key, log_gate, state = (self.delta_ring, self.key_ring, self.log_gate_ring, self.ssm_state) if own else cache

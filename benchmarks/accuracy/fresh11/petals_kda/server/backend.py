@@ -32,7 +32,7 @@ class TransformerBackend:
         self.cache_dtypes = get_cache_dtypes(self.dtype, quant_type)
 
     def get_inference_cache_descriptors(self, batch_size: int, max_length: int = 0) -> Sequence[TensorDescriptor]:
-        """One session's caches. Rings have a fixed length, so ``max_length`` only bounds the positions."""
+        """One client's caches. Rings have a fixed length, so ``max_length`` only bounds the positions."""
         shapes = self.config.ring_shapes(batch_size)
         delta_dtype, key_dtype, log_gate_dtype = self.cache_dtypes
         return (
@@ -71,7 +71,7 @@ class TransformerBackend:
         return hidden_states + self.module.o_proj(out.flatten(1)).to(hidden_states.dtype)
 
     def export_session(self, handles: Sequence[Handle], compression=CompressionType.NONE) -> dict[str, SerializedTensor]:
-        """A session's caches for ``rpc_handover``, when this server leaves the swarm."""
+        """A client's caches for ``rpc_handover``, when this server leaves the swarm."""
         with self.memory_cache.use_cache(*handles) as (delta, key, log_gate, state, positions):
             if compression == CompressionType.BLOCKWISE_8BIT:
                 # blockwise quantization runs in the block dtype, as for activations

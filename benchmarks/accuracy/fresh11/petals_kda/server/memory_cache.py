@@ -67,7 +67,7 @@ class MemoryCache:
         yield tuple(self._allocated_tensors[handle] for handle in handles)
 
     def snapshot(self, handles: Sequence[Handle], path: str) -> None:
-        """Saves a session's tensors as they are, for ``rollback`` (``start_from_position``)."""
+        """Saves a client's tensors as they are, for ``rollback`` (``start_from_position``)."""
         torch.save({handle: self._allocated_tensors[handle].clone() for handle in handles}, path)
 
     def rollback(self, handles: Sequence[Handle], path: str) -> None:
