@@ -50,6 +50,18 @@ def _codes(body: str) -> list[tuple[str, int]]:
             "def f(self, c):\n    return Layer(*(t.to(self.dtype) for t in c[:3]), c.state)\n",
             [("RL006", 18)],
         ),
+        # the comprehension bound to a local first; the state filled by keyword
+        (
+            "def f(s, dt, st):\n    parts = (torch.zeros(x, dtype=dt) for x in (s, s, s))\n"
+            "    return Layer(*parts, state=st)\n",
+            [("RL006", 18)],
+        ),
+        # the keyword fills the gate cache's field: the spread reaches only d and k
+        (
+            "def f(s, dt, st):\n    parts = (torch.zeros(x, dtype=dt) for x in (s, s))\n"
+            "    return Layer(*parts, g_cache=torch.zeros(s), state=st)\n",
+            [],
+        ),
         # float32 for every field, or the gate cache's field not reached by the spread
         (
             "def f(s):\n    return Rings(*(torch.zeros(s, dtype=torch.float32) for _ in range(3)))\n",

@@ -2,9 +2,11 @@
 
 ``{"state": torch.float32, "d_cache": dtype, "k_cache": dtype, "g_cache": dtype}`` is no tensor,
 but a policy: whoever allocates the rings from it gives the gate ring the dtype of its
-``"g_cache"`` entry. A dict literal is such a table when another entry is a literal torch dtype;
-its gate-cache entry is then judged as an allocation's dtype would be (float32, a non-float32
-literal, or a dtype that is not provably float32), and the fix sets the entry to float32.
+``"g_cache"`` entry. A dict literal is such a table when another entry is a literal torch dtype,
+or is the very dtype setting the gate entry is (``"d_cache": dtype, ..., "g_cache": dtype``:
+every ring in one dtype); its gate-cache entry is then judged as an allocation's dtype would be
+(float32, a non-float32 literal, or a dtype that is not provably float32), and the fix sets the
+entry to float32.
 A setting named for the gate cache's dtype (``gate_dtype: torch.dtype = torch.bfloat16``) is the
 same policy in one name: :func:`named_gate_dtype` says when it holds a non-float32 literal, and
 :func:`borrowed_gate_dtype` when it is given the dtype of another setting (``gate_dtype =
@@ -38,12 +40,31 @@ def table_entry_facts(
         for element in table.elements
         if isinstance(element, cst.DictElement) and element.value is not entry
     ]
-    if not any(_literal_dtype(prov, value, site) for value in others):
+    if not any(
+        _literal_dtype(prov, value, site) or _same_dtype_setting(prov, value, entry)
+        for value in others
+    ):
         return None
     dtypes = prov.dtype_facts(entry, site)
     if not dtypes:
         return None
     return (decided(dtypes, entry, SetDtype(entry)),)
+
+
+def _same_dtype_setting(
+    prov: Provenance, value: cst.BaseExpression, entry: cst.BaseExpression
+) -> bool:
+    """Whether ``value`` is written like ``entry`` and names a dtype setting (``dtype``,
+    ``self.dtype``, ``config.torch_dtype``): every ring of the table given the one dtype."""
+    if not isinstance(value, (cst.Name, cst.Attribute)) or not isinstance(
+        entry, (cst.Name, cst.Attribute)
+    ):
+        return False
+    name = binding_name(value)
+    if name is None or (name.lower() != "dtype" and not name.lower().endswith("_dtype")):
+        return False
+    module = prov.index.module
+    return module.code_for_node(value) == module.code_for_node(entry)
 
 
 def _literal_dtype(prov: Provenance, value: cst.BaseExpression, site: Site) -> bool:
@@ -124,6 +145,10 @@ def borrowed_gate_dtype(
     if name is None or not prov.index.gate_caches.names_gate_dtype(name):
         return None
     for borrowed in _choices(value):
+        if isinstance(borrowed, cst.Subscript):
+            if _narrower_entry_of_a_table(prov, borrowed, site):
+                return name, borrowed
+            continue
         other = binding_name(borrowed) if isinstance(borrowed, (cst.Name, cst.Attribute)) else None
         if other is None or other == name or not _names_a_dtype(prov, other):
             continue
@@ -133,6 +158,28 @@ def borrowed_gate_dtype(
         if facts and not all(f.is_float32 for f in facts):
             return name, borrowed
     return None
+
+
+def _narrower_entry_of_a_table(prov: Provenance, lookup: cst.Subscript, site: Site) -> bool:
+    """``TORCH_DTYPE_BY_NAME[self.config.cache_precision]``: an entry of a string-to-dtype
+    table (named for dtypes, or holding one narrower than float32) looked up by a setting that
+    is not the gate's own (no gate word in its name)."""
+    if not isinstance(lookup.value, (cst.Name, cst.Attribute)) or len(lookup.slice) != 1:
+        return False
+    index = lookup.slice[0].slice
+    if not isinstance(index, cst.Index) or not isinstance(index.value, (cst.Name, cst.Attribute)):
+        return False
+    key = binding_name(index.value) or ""
+    if set(key.lower().split("_")) & _GATE_WORDS or prov.index.gate_caches.matches(key):
+        return False
+    table = binding_name(lookup.value) or ""
+    if "dtype" in table.lower():
+        return True  # `TORCH_DTYPE_BY_NAME`: a table of dtypes, whatever its entries
+    facts = prov.dtype_facts(lookup, site)
+    return bool(facts) and any(f.dtype in _NARROWER for f in facts)
+
+
+_NARROWER = frozenset({"float16", "bfloat16"})
 
 
 def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:

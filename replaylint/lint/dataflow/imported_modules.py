@@ -28,6 +28,7 @@ from replaylint.lint.dataflow.instances import (
     annotated_name,
     wrapped_class,
 )
+from replaylint.lint.dataflow.new_instances import constructed_here, methods_called
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
@@ -41,7 +42,6 @@ from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.nodes import dotted_name, plain_element
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import descendants
 
 __all__ = [
     "ImportedGateBuffer",
@@ -77,8 +77,13 @@ def imported_gate_buffer(
         found = _instance(prov, receiver, site, 0)
         if found is None:
             return None
-        called = _methods_called(receiver, site)
-        return class_gate_buffer(prov.project.index, prov.index.gate_caches.matches, found, called)
+        called = methods_called(receiver, site)
+        fresh = constructed_here(
+            prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
+        )
+        return class_gate_buffer(
+            prov.project.index, prov.index.gate_caches.matches, found, called, fresh=fresh
+        )
     except MALFORMED:
         return None
 
@@ -92,23 +97,6 @@ def imported_class(prov: Provenance, receiver: cst.BaseExpression, site: Site) -
         return _instance(prov, receiver, site, 0)
     except MALFORMED:
         return None
-
-
-def _methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
-    """The methods the scope calls on the name ``receiver`` is (``model.setup_caches(...)``):
-    the parts those methods install are held by the instance when it is cast."""
-    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
-        receiver = receiver.func.value  # `model.cuda().half()`
-    if not isinstance(receiver, cst.Name):
-        return frozenset()
-    return frozenset(
-        node.func.attr.value
-        for node in descendants(site.scope)
-        if isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and isinstance(node.func.value, cst.Name)
-        and node.func.value.value == receiver.value
-    )
 
 
 # ------------------------------------------------------------------ what the receiver is

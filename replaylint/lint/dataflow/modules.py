@@ -16,6 +16,8 @@ reported where it is registered.)
 
 from __future__ import annotations
 
+import ast
+import textwrap
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,7 @@ from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, definite_dtype
 from replaylint.lint.dataflow.instances import MODULE_CHAIN, instance_classes
 from replaylint.lint.dataflow.module_classes import module_classes
+from replaylint.lint.dataflow.new_instances import constructed_here
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
@@ -37,6 +40,7 @@ from replaylint.lint.dataflow.torch_api import (
 )
 from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
+from replaylint.lint.project.buffer_makers import CONSTRUCTION, buffer_makers
 from replaylint.lint.project.gate_buffers import class_keeps_float32, registers_gate_buffer
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import (
@@ -83,6 +87,9 @@ class GateBuffer:
     held_by: tuple[str, ...] = ()
     """For a buffer held through submodules: the attributes that hold it, outermost first
     (``KimiForCausalLM.model``, ``KimiModel.layers``)."""
+    made_by: str = CONSTRUCTION
+    """The method that registers it after construction (``setup_cache``), or
+    :data:`CONSTRUCTION`: a cast of a new instance converts it only in the second case."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,14 @@ def module_cast(
     if dtypes is None or not isinstance(call.func, cst.Attribute):
         return None
     buffer = _instance_of(prov, call.func.value, site, classes, 0)
-    return None if buffer is None else ModuleCast(call, buffer, dtypes)
+    if buffer is None or (
+        buffer.made_by != CONSTRUCTION
+        and constructed_here(
+            prov, call.func.value, site, lambda f, _: isinstance(f, cst.Name) and f.value in classes
+        )
+    ):
+        return None  # not an instance, or a new one that holds no gate buffer yet
+    return ModuleCast(call, buffer, dtypes)
 
 
 def module_cast_dtypes(
@@ -310,7 +324,7 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                     args[0].value
                 ):  # not told by a loop over names: named as written
                     key = prov.index.module.code_for_node(args[0].value)
-                return GateBuffer(cls, key, node)
+                return GateBuffer(cls, key, node, made_by=_maker(prov, cls, key))
         if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
             # `self.g_cache = nn.Buffer(torch.zeros(...))`
             buffer = node.value
@@ -325,9 +339,19 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
                     and args
                     and _floating(prov, site, args[0].value)
                 ):
-                    return GateBuffer(cls, name, node)
+                    return GateBuffer(cls, name, node, made_by=_maker(prov, cls, name))
         stack.extend((child, site, loop) for child in reversed(syntax_children(node)))
     return None
+
+
+def _maker(prov: Provenance, cls: cst.ClassDef, name: str) -> str:
+    """The method of ``cls`` that makes the buffer ``name`` (:mod:`.buffer_makers`)."""
+    try:
+        tree = ast.parse(textwrap.dedent(prov.index.module.code_for_node(cls)))
+    except (SyntaxError, ValueError):
+        return CONSTRUCTION
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    return buffer_makers(classes[0]).get(name, CONSTRUCTION) if classes else CONSTRUCTION
 
 
 def _buffer_name(

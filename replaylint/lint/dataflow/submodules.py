@@ -34,6 +34,8 @@ from replaylint.lint.dataflow.modules import (
     keeps_float32,
     module_cast_dtypes,
 )
+from replaylint.lint.dataflow.new_instances import constructed_here
+from replaylint.lint.project.buffer_makers import CONSTRUCTION
 from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import syntax_children
@@ -108,6 +110,7 @@ def held_gate_buffer(
                     held.node,
                     held.module or held.cls,
                     (f"{cls.name.value}.{attribute}", *held.held_by),
+                    held.made_by,
                 )
     return None
 
@@ -133,8 +136,17 @@ def held_module_cast(
     names = instance_classes(prov, holders.classes, call.func.value, site)
     for name in names or ():
         if name in holders.buffers:
-            return ModuleCast(call, holders.buffers[name], dtypes)
+            buffer = holders.buffers[name]
+            if buffer.made_by != CONSTRUCTION and constructed_here(
+                prov, call.func.value, site, lambda f, _: _names_class(f, holders)
+            ):
+                continue  # a new instance: the method that makes the buffer has not run
+            return ModuleCast(call, buffer, dtypes)
     return None
+
+
+def _names_class(func: cst.BaseExpression, holders: GateBufferHolders) -> bool:
+    return isinstance(func, cst.Name) and func.value in holders.classes.by_name
 
 
 def guarded_instance(prov: Provenance, call: cst.Call, site: Site) -> bool:

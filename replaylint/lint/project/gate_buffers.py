@@ -69,14 +69,20 @@ def registers_gate_buffer(text: str, matches: Matches) -> bool:
 
 
 def class_gate_buffer(
-    index: ProjectIndex, matches: Matches, found: Found, called: frozenset[str] | None = None
+    index: ProjectIndex,
+    matches: Matches,
+    found: Found,
+    called: frozenset[str] | None = None,
+    *,
+    fresh: bool = False,
 ) -> ImportedGateBuffer | None:
     """The gate buffer (one of ``names``) that a cast of an instance of the project class
     ``found`` converts; None when there is none or a class on the way keeps it float32.
     ``called``: the methods called on the instance before the cast, for the parts a method
-    installs (``model.setup_caches(...)``); None counts every such part."""
+    installs (``model.setup_caches(...)``); None counts every such part. ``fresh``: the instance
+    was just constructed, so only buffers its constructors register count."""
     try:
-        return _gate_buffer(index, matches, found, 0, set(), called)
+        return _gate_buffer(index, matches, found, 0, set(), called, fresh)
     except MALFORMED:
         return None
 
@@ -151,6 +157,7 @@ def _gate_buffer(
     depth: int,
     seen: set[tuple[str, str]],
     called: frozenset[str] | None,
+    fresh: bool = False,
 ) -> ImportedGateBuffer | None:
     key = (found.module, found.name)
     facts = _facts(found)
@@ -158,7 +165,9 @@ def _gate_buffer(
         return None
     seen.add(key)
     path = index.path_of(found.module)
-    for name, line in facts["buffers"]:
+    for name, line, maker in facts["buffers"]:
+        if fresh and maker:
+            continue  # made by a method that has not run on a new instance
         if matches(re.sub(r"\{[^}]*\}", "0", str(name))):
             return ImportedGateBuffer(found.name, str(name), found.name, Origin(name, path, line))
     for base in facts["bases"]:
@@ -168,7 +177,7 @@ def _gate_buffer(
         parent_facts = _facts(parent)
         if parent_facts is not None and _keeps(parent_facts, matches):
             return None  # a guarded base keeps what it and its subclasses hold float32
-        inherited = _gate_buffer(index, matches, parent, depth + 1, seen, called)
+        inherited = _gate_buffer(index, matches, parent, depth + 1, seen, called, fresh)
         if inherited is not None:
             return ImportedGateBuffer(
                 found.name, inherited.name, inherited.owner, inherited.origin, inherited.held_by
@@ -182,7 +191,7 @@ def _gate_buffer(
     inner: frozenset[str] | None = None if called is None else frozenset()
     for attribute, callees in [*facts["holds"], *installed]:
         for callee in callees:
-            held = _held_part(index, matches, found.module, callee, depth, seen, inner)
+            held = _held_part(index, matches, found.module, callee, depth, seen, inner, fresh)
             if held is not None:
                 return ImportedGateBuffer(
                     found.name,
@@ -202,6 +211,7 @@ def _held_part(
     depth: int,
     seen: set[tuple[str, str]],
     called: frozenset[str] | None,
+    fresh: bool = False,
 ) -> ImportedGateBuffer | None:
     """The gate buffer a part that ``callee`` builds holds. For a choice of classes
     (``["either", [class, ...]]`` of ``cache_cls = A if static else B``), only one that every
@@ -209,9 +219,11 @@ def _held_part(
     search."""
     if callee[0] == "either":
         held = [
-            _held_part(index, matches, module, choice, depth, set(seen), called)
+            _held_part(index, matches, module, choice, depth, set(seen), called, fresh)
             for choice in callee[1]
         ]
         return held[0] if held and all(h is not None for h in held) else None
     part = class_value(index, module, callee)
-    return None if part is None else _gate_buffer(index, matches, part, depth + 1, seen, called)
+    if part is None:
+        return None
+    return _gate_buffer(index, matches, part, depth + 1, seen, called, fresh)

@@ -5,10 +5,12 @@ every floating buffer it holds, gate caches included. For the importer to see th
 of a class with base classes records, from the class's own text (``ast``, no evaluation):
 
 ``buffers``
-    ``[[name, line], ...]``: buffers its methods register (``register_buffer("g_cache", ...)``,
+    ``[[name, line, maker], ...]``: buffers its methods register (``register_buffer("g_cache", ...)``,
     ``register_buffer(f"g_cache_{i}", ...)`` named as written, ``self.g_cache = nn.Buffer(...)``)
     whose value may be a floating tensor (not ``None``, not an integer or bool dtype, not already
     another floating dtype than float32, which the defining module reports where it registers it);
+    ``maker`` is ``""`` when the constructor registers it, else the method that does
+    (:mod:`.buffer_makers`): an instance holds it once that method has run;
 ``holds``
     ``[[attribute, [callee, ...]], ...]``: what its methods build into attributes of ``self``
     (``self.layers = nn.ModuleList([Layer(...) for ...])``, ``add_module(f"layer{i}", Layer())``,
@@ -37,6 +39,8 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
+from replaylint.lint.project.buffer_makers import buffer_makers, written_name
+
 Value = list[Any]
 
 _KEEPING_METHODS = frozenset({"_apply", "to", "half", "bfloat16", "type"})
@@ -56,6 +60,7 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
     installs: dict[tuple[str, str], list[Value]] = {}
 
     nodes = list(ast.walk(cls))
+    makers = buffer_makers(cls)
     aliases = _class_aliases(nodes)
 
     def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
@@ -84,17 +89,17 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, args = node.func.attr, node.args
             if method == "register_buffer" and len(args) >= 2:
-                name = _written_name(args[0])
+                name = written_name(args[0])
                 if name is not None and _may_be_float32(args[1]):
-                    buffers.append([name, node.lineno])
+                    buffers.append([name, node.lineno, makers.get(name, "")])
             elif method == "add_module" and len(args) == 2:
-                name = _written_name(args[0])
+                name = written_name(args[0])
                 if name is not None:
                     hold(name, args[1])
             elif method in _ADDING and args and _self_attribute(node.func.value) is not None:
                 hold(str(_self_attribute(node.func.value)), args[-1])
         elif isinstance(node, ast.Call) and _is_name(node.func, "setattr") and len(node.args) == 3:
-            name = _written_name(node.args[1])
+            name = written_name(node.args[1])
             if _self_attribute_base(node.args[0]) and name is not None:
                 hold(name, node.args[2])
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -118,7 +123,7 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                     and value.args
                     and _may_be_float32(value.args[0])
                 ):
-                    buffers.append([attribute, node.lineno])
+                    buffers.append([attribute, node.lineno, makers.get(attribute, "")])
                 else:
                     hold(attribute, value)
     keeps, restores = _keeps(cls)
@@ -167,7 +172,7 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
             ):
                 restores = True  # `self._buffers.update(kept)`: puts back what it saved
             elif isinstance(node, ast.Call) and dotted(node.func).endswith("register_buffer"):
-                name = _written_name(node.args[0]) if node.args else None
+                name = written_name(node.args[0]) if node.args else None
                 attributes += [name] if name is not None else []
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -207,21 +212,6 @@ def _may_be_float32(value: ast.expr) -> bool:
             if keyword.arg == "dtype":
                 return dotted(keyword.value).rpartition(".")[2] not in _NOT_FLOAT32
     return True
-
-
-def _written_name(node: ast.expr) -> str | None:
-    """A buffer or submodule name as written: a string, or an f-string with its fields kept."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        parts = []
-        for part in node.values:
-            if isinstance(part, ast.Constant):
-                parts.append(str(part.value))
-            elif isinstance(part, ast.FormattedValue):
-                parts.append("{" + ast.unparse(part.value) + "}")
-        return "".join(parts)
-    return None
 
 
 def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:

@@ -163,6 +163,26 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
         import torch
         from torch import nn
 
+        class Attention(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.proj = nn.Linear(dim, dim)
+
+            def setup_cache(self, slots, ring_len):
+                # made after the cast below: float32 as allocated
+                self.register_buffer("g_cache", torch.zeros(slots, ring_len, dtype=torch.float32))
+
+        def build(dim, slots, ring_len):
+            model = Attention(dim).to(torch.bfloat16)  # no gate buffer yet
+            model.setup_cache(slots, ring_len)
+            return model
+        """
+    ),
+    Valid(
+        """
+        import torch
+        from torch import nn
+
         class ReplayPool(nn.Module):
             def __init__(self, shape):
                 super().__init__()

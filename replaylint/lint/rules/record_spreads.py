@@ -20,7 +20,7 @@ from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.rules.loop_treatment import shared_treatment
 from replaylint.lint.rules.shared_helpers import HelperFinding
 from replaylint.lint.rules.wording import WHY, named_gate_cache
-from replaylint.lint.syntax.nodes import comprehension_in, one_line
+from replaylint.lint.syntax.nodes import Comprehension, comprehension_in, one_line
 from replaylint.lint.syntax.sites import Site
 
 _REPORTED = frozenset({Kind.EXPLICIT, Kind.VARIABLE, Kind.INHERITED, Kind.CAST, Kind.LOADED})
@@ -32,10 +32,13 @@ def spread_record_findings(
     """What to report for ``call``, when it fills a record's gate-cache field from a ``*``
     comprehension shared with other fields."""
     stars = [i for i, arg in enumerate(call.args) if arg.star == "*"]
-    if len(stars) != 1 or any(arg.star == "**" or arg.keyword for arg in call.args):
+    if len(stars) != 1 or any(arg.star == "**" for arg in call.args):
         return []
     star = stars[0]
-    comprehension = comprehension_in(call.args[star].value)
+    named = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+    if any(arg.keyword is not None for arg in call.args[:star]):
+        return []
+    comprehension, site = _comprehension(prov, call.args[star].value, site)
     if comprehension is None or not isinstance(comprehension.elt, cst.Call):
         return []
     loop = comprehension.for_in
@@ -44,8 +47,9 @@ def spread_record_findings(
     fields = positional_fields(prov, call, site)
     if fields is None:
         return []
+    fields = [field for field in fields if field[0] not in named]  # keywords fill their own
     length = sequence_length(prov, comprehension, site, NO_ENV)
-    after = len(call.args) - star - 1
+    after = len([arg for arg in call.args[star + 1 :] if arg.keyword is None])
     if length is None:
         filled = fields[star : len(fields) - after]
         if any(has_default for _, has_default in filled):
@@ -75,3 +79,19 @@ def spread_record_findings(
             )
             break
     return found[:1]
+
+
+def _comprehension(
+    prov: Provenance, spread: cst.BaseExpression, site: Site
+) -> tuple[Comprehension | None, Site]:
+    """The comprehension ``*spread`` unpacks: written there, or bound once to the local it
+    names (``tensors = (torch.zeros(s, dtype=dtype) for s in shapes)``), with its site."""
+    written = comprehension_in(spread)
+    if written is not None or not isinstance(spread, cst.Name):
+        return written, site
+    found = prov.lookup(spread.value, site) or []
+    if len(found) != 1 or found[0][0].kind != "assign" or found[0][0].value is None:
+        return None, site
+    binding, at = found[0]
+    assert binding.value is not None
+    return comprehension_in(binding.value), at

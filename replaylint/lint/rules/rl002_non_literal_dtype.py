@@ -11,6 +11,7 @@ from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.declared_settings import declared_setting
+from replaylint.lint.rules.setting_examples import SETTING_INVALID, SETTING_VALID
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
@@ -42,7 +43,8 @@ reported by RL001 instead (it is then an explicit dtype), so one allocation neve
 A setting named for the gate cache's dtype (`gate_dtype`, `log_decay_dtype`, `gate_ring_dtype`)
 that is given the dtype of another setting — `self.log_decay_dtype = self.dtype`,
 `Config(gate_dtype=args.cache_dtype)`, the fallback of `DTYPES.get(flag, self.dtype)` or of
-`gate_dtype or dtype` — is reported where it is set, when that dtype is not provably float32. A
+`gate_dtype or dtype`, an entry of a dtype table picked by a setting that is not the gate's own
+(`log_decay_dtype=DTYPE_BY_NAME[config.cache_precision]`) — is reported where it is set, when that dtype is not provably float32. A
 setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here. A
 ring allocated with such a setting (`dtype=spec.gate_dtype`) whose only declarations in the module
 are class fields with a literal dtype default, never reassigned, is judged at that declaration
@@ -77,6 +79,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        *SETTING_VALID,
         Valid(
             """
             import torch
@@ -283,25 +286,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
         ),
     )
     INVALID = (
-        Invalid(
-            """
-            import torch
-
-            class ReplaySpec:
-                def __init__(self, dtype, log_decay_dtype=None):
-                    self.dtype = dtype
-                    self.log_decay_dtype = log_decay_dtype or self.dtype
-            """,
-            expected_fix="""
-            import torch
-
-            class ReplaySpec:
-                def __init__(self, dtype, log_decay_dtype=None):
-                    self.dtype = dtype
-                    self.log_decay_dtype = log_decay_dtype or torch.float32
-            """,
-            message_contains="`log_decay_dtype`, named for the gate cache's dtype, is set to `self.dtype`",
-        ),
+        *SETTING_INVALID,
         Invalid(
             """
             import torch
@@ -485,10 +470,15 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 return  # the parameter this setting reaches is reported on its line already
             self._settings.append(statement)
         fix = self.setting_fix(borrowed, site)
+        whose = (
+            "an entry of a dtype table that another setting picks"
+            if isinstance(borrowed, cst.Subscript)
+            else "the dtype of another setting"
+        )
         self.report(
             borrowed,
             f"`{name}`, named for the gate cache's dtype, is set to "
-            f"`{one_line(self.context.module, borrowed)}`, the dtype of another setting, which is "
+            f"`{one_line(self.context.module, borrowed)}`, {whose}, which is "
             f"not provably float32; {WHY}",
             fix=fix,
         )

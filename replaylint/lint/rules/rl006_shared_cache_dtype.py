@@ -82,7 +82,8 @@ A helper that allocates one tensor per key of the mapping it is given, all in on
 module or another module of the project), is reported at each call whose mapping has a gate-cache
 key (a literal, `{**shapes, "g_cache": shape}`, a local or attribute bound to one, a function or
 method of the module returning one). So is a record whose fields, the gate cache's among them, are
-filled from one `*` comprehension (`Rings(*(torch.zeros(s, dtype=dtype) for s in shapes))`).
+filled from one `*` comprehension (`Rings(*(torch.zeros(s, dtype=dtype) for s in shapes))`,
+or `Rings(*parts, pos=pos)` with `parts` bound to one; keywords fill their own fields).
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==

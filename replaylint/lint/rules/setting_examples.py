@@ -1,0 +1,107 @@
+"""RL002's examples of gate-dtype settings and dtype tables (its docs and tests, with the rest of
+its examples): a setting named for the gate cache's dtype given another setting's dtype, an entry
+of a dtype table picked by another setting, a table that gives every ring one dtype."""
+
+from __future__ import annotations
+
+from replaylint.lint.rules.base import Invalid, Valid
+
+SETTING_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+
+        DTYPE_BY_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+        def enable(cache, config, slots):
+            # the gate's own setting picks its entry: the user's float32 choice
+            cache.reallocate(
+                slots,
+                ring_dtype=DTYPE_BY_NAME[config.cache_precision],
+                log_decay_dtype=DTYPE_BY_NAME[config.decay_precision],
+            )
+
+        def ring_dtypes(dtype):
+            return {"d_cache": dtype, "k_cache": dtype, "g_cache": torch.float32}
+        """
+    ),
+)
+SETTING_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        class ReplaySpec:
+            def __init__(self, dtype, log_decay_dtype=None):
+                self.dtype = dtype
+                self.log_decay_dtype = log_decay_dtype or self.dtype
+        """,
+        expected_fix="""
+        import torch
+
+        class ReplaySpec:
+            def __init__(self, dtype, log_decay_dtype=None):
+                self.dtype = dtype
+                self.log_decay_dtype = log_decay_dtype or torch.float32
+        """,
+        message_contains="`log_decay_dtype`, named for the gate cache's dtype, is set to `self.dtype`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        DTYPE_BY_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+        def enable(cache, config, slots):
+            cache.reallocate(
+                slots,
+                ring_dtype=config.torch_dtype,
+                log_decay_dtype=DTYPE_BY_NAME[config.cache_precision],
+            )
+        """,
+        expected_fix="""
+        import torch
+
+        DTYPE_BY_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+        def enable(cache, config, slots):
+            cache.reallocate(
+                slots,
+                ring_dtype=config.torch_dtype,
+                log_decay_dtype=torch.float32,
+            )
+        """,
+        message_contains="an entry of a dtype table that another setting picks",
+    ),
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            @property
+            def replay_dtypes(self):
+                dtype = self.dtype  # every ring the model's dtype
+                return {"d_cache": dtype, "k_cache": dtype, "g_cache": dtype}
+
+            def rings(self, shapes):
+                dtypes = self.replay_dtypes
+                return {name: torch.zeros(s, dtype=dtypes[name]) for name, s in shapes.items()}
+        """,
+        expected_fix="""
+        import torch
+        from torch import nn
+
+        class Model(nn.Module):
+            @property
+            def replay_dtypes(self):
+                dtype = self.dtype  # every ring the model's dtype
+                return {"d_cache": dtype, "k_cache": dtype, "g_cache": torch.float32}
+
+            def rings(self, shapes):
+                dtypes = self.replay_dtypes
+                return {name: torch.zeros(s, dtype=dtypes[name]) for name, s in shapes.items()}
+        """,
+        message_contains="allocated with dtype `dtype` (line 7: `self.dtype`)",
+    ),
+)
