@@ -27,11 +27,19 @@ def alloc_like(names, shape, dtype=torch.bfloat16):
 
 def alloc_default(shapes):
     return {name: torch.zeros(shape) for name, shape in shapes.items()}
+
+
+def alloc_zipped(shapes, dtype, **kwargs):
+    # the same helper spelled with zip; `**kwargs` cannot hold a second dtype
+    return dict(zip(shapes, (torch.zeros(shape, dtype=dtype, **kwargs) for shape in shapes.values())))
 """
 
 
 def _rows(tmp_path: Path, body: str) -> list[tuple[int, str]]:
-    user = f"import torch\nfrom .alloc import alloc_default, alloc_like, alloc_rings\n\n{body}"
+    user = (
+        "import torch\nfrom .alloc import alloc_default, alloc_like, alloc_rings, alloc_zipped\n\n"
+        f"{body}"
+    )
     files = {"pkg/__init__.py": "", "pkg/alloc.py": _HELPERS, "pkg/user.py": user}
     return [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
 
@@ -54,6 +62,16 @@ def _rows(tmp_path: Path, body: str) -> list[tuple[int, str]]:
             "def f(dtype):\n    shapes = {'k_cache': (1,), 'g_cache': (1,)}\n"
             "    return alloc_rings(dtype=dtype, shapes=shapes)\n",
             [(6, "RL006")],
+        ),
+        # `dict(zip(shapes, ...))`: one allocation per key, like the comprehension
+        (
+            "def f(dtype):\n    return alloc_zipped({'d_cache': (2,), 'g_cache': (2,)}, dtype)\n",
+            [(5, "RL006")],
+        ),
+        (
+            "def f():\n"
+            "    return alloc_zipped({'d_cache': (2,), 'g_cache': (2,)}, torch.float32, device='cpu')\n",
+            [],
         ),
         # the helper's own default dtype (bfloat16), keys iterated directly
         ("def f():\n    return alloc_like(('d_cache', 'g_cache'), (2,))\n", []),
@@ -152,3 +170,24 @@ def test_the_summary_of_a_per_key_comprehension() -> None:
     assert ["dtype", ["param", "dtype"]] in result[2][3]
     filtered = "def f(m):\n    return {k: v for k, v in m.items() if k}\n"
     assert summarise(filtered)["names"]["f"][3] == ["unknown"]  # type: ignore[index]
+
+
+def test_a_zipped_helper_of_the_same_module() -> None:
+    source = """
+import torch
+
+
+def _alloc(shapes, dtype):
+    return dict(zip(shapes, [torch.zeros(s, dtype=dtype) for s in shapes.values()]))
+
+
+def pool(dtype):
+    return _alloc({"d_cache": (1,), "g_cache": (1,)}, dtype)
+
+
+def other(dtype):
+    return _alloc({"d_cache": (1,), "k_cache": (1,)}, dtype)
+"""
+    findings = Linter().check(source)
+    assert [(f.code, f.location.row) for f in findings] == [("RL006", 10)]
+    assert "`_alloc` (line 5)" in findings[0].message

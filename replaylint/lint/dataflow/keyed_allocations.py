@@ -164,7 +164,11 @@ def _project_helper(prov: Provenance, call: cst.Call, site: Site) -> KeyedAlloca
 
 
 def _per_key(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:
-    """``{k: <call> for k, v in P.items()}`` or ``{k: <call> for k in P}``: ``(P, <call>)``."""
+    """``{k: <call> for k, v in P.items()}``, ``{k: <call> for k in P}`` or ``dict(zip(P,
+    (<call> for v in P.values())))``: ``(P, <call>)``."""
+    zipped = _zipped_values(value)
+    if zipped is not None:
+        return zipped
     if not isinstance(value, cst.DictComp) or not isinstance(value.value, cst.Call):
         return None
     loop = value.for_in
@@ -193,6 +197,41 @@ def _per_key(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:
     ):
         return None
     return source.value, value.value
+
+
+def _zipped_values(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:
+    """``dict(zip(P, (<call> for v in P.values())))``: one call per key of ``P``, in order."""
+    if not (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value == "dict"
+        and len(value.args) == 1
+    ):
+        return None
+    zipped = value.args[0].value
+    if not (
+        isinstance(zipped, cst.Call)
+        and isinstance(zipped.func, cst.Name)
+        and zipped.func.value == "zip"
+        and len(zipped.args) == 2
+        and isinstance(zipped.args[0].value, cst.Name)
+    ):
+        return None
+    source, made = zipped.args[0].value.value, zipped.args[1].value
+    if not isinstance(made, (cst.GeneratorExp, cst.ListComp)) or not isinstance(made.elt, cst.Call):
+        return None
+    loop = made.for_in
+    over = loop.iter
+    if (
+        isinstance(over, cst.Call)
+        and isinstance(over.func, cst.Attribute)
+        and over.func.attr.value == "values"
+        and not over.args
+    ):
+        over = over.func.value
+    if loop.inner_for_in is not None or loop.ifs or not isinstance(over, cst.Name):
+        return None
+    return (source, made.elt) if over.value == source else None
 
 
 def _dtype_argument(prov: Provenance, allocation: cst.Call) -> cst.BaseExpression | None:

@@ -33,6 +33,7 @@ from typing import Any
 from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
 from replaylint.lint.project.widening import widened_parameters
+from replaylint.lint.project.zipped_mappings import zipped_values
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -502,9 +503,17 @@ class _Values:
             if any(isinstance(e, ast.Starred) for e in node.elts):
                 return UNKNOWN
             return ["tuple", [self.value(e) for e in node.elts]]
+        zipped = zipped_values(node)  # `dict(zip(P, (<call> for v in P.values())))`
+        if zipped is not None:
+            source, entry, made = zipped
+            inner = dict(self.locals)
+            inner[entry] = ["loop", "value"]
+            element = _Values(self.summariser, inner, in_class=self.in_class).value(made)
+            return ["per_key", self.value(source), element]
         if isinstance(node, ast.Call):
-            if any(isinstance(a, ast.Starred) for a in node.args) or any(
-                k.arg is None for k in node.keywords
+            named = {k.arg for k in node.keywords}
+            if any(isinstance(a, ast.Starred) for a in node.args) or (
+                None in named and "dtype" not in named  # an explicit dtype: `**` holds none
             ):
                 return UNKNOWN
             if isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
@@ -514,7 +523,7 @@ class _Values:
                 "call",
                 self.value(node.func),
                 [self.value(a) for a in node.args],
-                [[k.arg, self.value(k.value)] for k in node.keywords],
+                [[k.arg, self.value(k.value)] for k in node.keywords if k.arg is not None],
             ]
         if isinstance(node, ast.IfExp):  # either branch: the test is not evaluated
             branches = [self.value(node.body), self.value(node.orelse)]

@@ -78,8 +78,8 @@ follows the helper's dtype parameter to the allocation the helper returns and ch
 the gate-cache call passes. A helper imported from another module of the project is RL001's or
 RL002's: the argument the gate-cache call passes is followed into the helper's allocation there.
 A helper that allocates one tensor per key of the mapping it is given, all in one dtype
-(`{name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}`, defined in this
-module or another module of the project), is reported at each call whose mapping has a gate-cache
+(`{name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}` or `dict(zip(shapes,
+...))`, defined in this module or another module of the project), is reported at each call whose mapping has a gate-cache
 key (a literal, `{**shapes, "g_cache": shape}`, a local or attribute bound to one, a function or
 method of the module returning one). So is a record whose fields, the gate cache's among them, are
 filled from one `*` comprehension (`Rings(*(torch.zeros(s, dtype=dtype) for s in shapes))`,
