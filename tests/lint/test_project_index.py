@@ -711,3 +711,45 @@ def test_a_loop_over_a_tuple_of_names_another_module_defines(tmp_path: Path) -> 
     }
     found = _codes(_lint(tmp_path, files, "pkg/pool.py"))
     assert found == [(7, "RL006")]  # the second loop is over the state alone
+
+
+def test_a_loop_over_a_class_constant_another_module_defines(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": """
+            import torch
+            from torch import nn
+
+            class ReplayCache(nn.Module):
+                float_buffers = ("state", "d_cache", "k_cache", "g_cache")
+                index_buffers = ("write_pos",)
+
+                def __init__(self, n):
+                    super().__init__()
+                    self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+            def debug(pool):
+                return vars(pool)  # an object's attributes: the module's names stay certain
+            """,
+        "pkg/sync.py": """
+            from .cache import ReplayCache
+
+            def sync(dst, src):
+                for name in ReplayCache.float_buffers:
+                    setattr(dst, name, getattr(src, name).to(dst.dtype, copy=True))
+                for name in ReplayCache.index_buffers:
+                    setattr(dst, name, getattr(src, name).to(dst.dtype, copy=True))
+            """,
+    }
+    assert _codes(_lint(tmp_path, files, "pkg/sync.py")) == [(5, "RL006")]
+    paths = write_tree(tmp_path, files)
+    found = index_of(paths).resolve("pkg.sync", "pkg.cache.ReplayCache.float_buffers")
+    assert isinstance(found, Found)
+    assert found.definition[0] == "value"
+    assert [o.name for o in found.origins] == ["ReplayCache", "float_buffers"]
+
+
+def test_the_module_namespace_made_dynamic_by_vars_without_arguments() -> None:
+    summary = summarise("import torch\nX = torch.float32\nvars()['X'] = torch.half\n")
+    assert summary is not None
+    assert summary["names"]["X"][0] == "unknown"

@@ -57,6 +57,9 @@ def returned_entries(
     bound = table_call(prov, table, key, site, env)
     if bound is None:
         return None
+    shared = _shared_entry(prov, bound[0], key, bound[1])
+    if shared is not None:  # `dtypes = dict.fromkeys(NAMES, dtype)`
+        return [(shared, bound[1])]
     called = called_function(prov.index, prov, bound[0], bound[1])
     if called is None:
         return None
@@ -68,7 +71,7 @@ def returned_entries(
             if returned.value is not None
             else (None, site)
         )
-        entry = None if mapping is None else _entry(mapping, key)
+        entry = None if mapping is None else _entry(prov, mapping, key, where)
         if entry is None:
             return None
         entries.append((entry, where))
@@ -82,14 +85,63 @@ def dict_entry(
     if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
         return None
     key = strings.string_value(prov, subscript.slice[0].slice.value, site, env)
-    return None if key is None else _entry(mapping, key)
+    return None if key is None else _entry(prov, mapping, key, site)
 
 
-def _entry(mapping: cst.Dict, key: str) -> cst.BaseExpression | None:
-    for element in mapping.elements:
-        if isinstance(element, cst.DictElement) and literal_string(element.key) == key:
-            return element.value
+def _entry(prov: Provenance, mapping: cst.Dict, key: str, site: Site) -> cst.BaseExpression | None:
+    """The value ``mapping[key]`` holds: the last entry that sets it, a ``**dict.fromkeys(...)``
+    of keys holding ``key`` included; None when it is not known (a ``**`` of anything else may
+    set it)."""
+    for element in reversed(mapping.elements):
+        if isinstance(element, cst.DictElement):
+            if literal_string(element.key) == key:
+                return element.value
+            continue
+        keys = _fromkeys(element.value)
+        names = None if keys is None else _names(prov, keys[0], site)
+        if keys is None or names is None:
+            return None  # `**other`: it may set `key`
+        if key in names:
+            return keys[1]
     return None
+
+
+def _shared_entry(
+    prov: Provenance, call: cst.Call, key: str, site: Site
+) -> cst.BaseExpression | None:
+    """``v`` of ``dict.fromkeys(keys, v)`` when ``key`` is one of ``keys`` (a literal collection,
+    a constant, a class constant of the project)."""
+    keys = _fromkeys(call)
+    if keys is None or key not in (_names(prov, keys[0], site) or ()):
+        return None
+    return keys[1]
+
+
+def _fromkeys(
+    expr: cst.BaseExpression,
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """``(keys, v)`` of ``dict.fromkeys(keys, v)``."""
+    if not (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "fromkeys"
+        and isinstance(expr.func.value, cst.Name)
+        and expr.func.value.value == "dict"
+        and len(expr.args) == 2
+        and not any(arg.star or arg.keyword for arg in expr.args)
+    ):
+        return None
+    return expr.args[0].value, expr.args[1].value
+
+
+def _names(prov: Provenance, keys: cst.BaseExpression, site: Site) -> set[str] | None:
+    envs = strings.iterations(prov, _KEY, keys, site)
+    if envs is None:
+        return None
+    return {name for env in envs if isinstance(name := env.get(_KEY.value), str)}
+
+
+_KEY = cst.Name("key")
 
 
 def sequence_entry(

@@ -40,7 +40,7 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import dotted_name, plain_element
+from replaylint.lint.syntax.nodes import decorated, dotted_name, plain_element
 from replaylint.lint.syntax.sites import Site
 
 __all__ = [
@@ -160,7 +160,10 @@ def _instance(
                 )
             elif position is None and binding.kind == "loop":
                 source = _loop_source(binding.node, binding.statement)
-                classes.append(None if source is None else _part(prov, source, site, depth))
+                part = None if source is None else _part(prov, source, site, depth)
+                if part is None and source is not None:  # `for cache in self.caches`
+                    part = _element(prov, source, site, depth + 1)
+                classes.append(part)
             else:
                 classes.append(None)
         if classes and all(c is not None for c in classes):
@@ -200,6 +203,9 @@ def _element(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int)
         return classes[0] if all(c is not None and c == classes[0] for c in classes) else None
     if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
         return _instance(prov, expr.elt, site, depth + 1)
+    if _on_self(expr) and (holder := site.enclosing_class()) is not None:
+        assert isinstance(expr, cst.Attribute)
+        return _held_elements(prov, holder, expr.attr.value, depth + 1)
     if not isinstance(expr, cst.Name):
         return None
     found = prov.lookup(expr.value, site) or []
@@ -213,6 +219,38 @@ def _element(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int)
     if binding.kind == "assign" and binding.value is not None:
         return _element(prov, binding.value, binding_site, depth + 1)
     return None
+
+
+def _held_elements(prov: Provenance, owner: cst.ClassDef, name: str, depth: int) -> Found | None:
+    """The project class of the elements of ``self.<name>``: of every list the class's methods
+    assign it, or of what its property ``name`` returns (``-> List[Cache]``, or a list held)."""
+    if depth > _MAX_DEPTH:
+        return None
+    classes = [
+        _element(prov, value, where, depth + 1)
+        for value, where in instance_values(prov, owner, name)
+    ]
+    body = owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ()
+    for method in body:
+        if not (
+            isinstance(method, cst.FunctionDef)
+            and method.name.value == name
+            and decorated(method, "property")
+        ):
+            continue
+        element = wrapped_class(method.returns, "elements") if method.returns else None
+        if element is not None:
+            classes.append(_class(prov, element, Site((prov.index.module, owner), None)))
+            continue
+        scopes = (prov.index.module, owner, method)
+        for returned, statement in prov.index.scope(method).returns:
+            value = returned.value
+            found = (
+                None if value is None else _element(prov, value, Site(scopes, statement), depth + 1)
+            )
+            classes.append(found)
+    first = classes[0] if classes else None
+    return first if first is not None and all(c == first for c in classes) else None
 
 
 def _part(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> Found | None:

@@ -281,8 +281,29 @@ class _Resolver:
                 for attribute, value, value_site in attribute_values(self.classes, cls):
                     if attribute == source.attr.value:
                         found.append(self.contained(value, value_site, depth, None))
+                found.extend(self._property_elements(cls, source.attr.value, depth))
             return _union(found)
         return self.contained(source, site, depth, None)
+
+    def _property_elements(self, cls: cst.ClassDef, name: str, depth: int) -> Iterator[Names]:
+        """The module classes of the elements the property ``name`` of ``cls`` returns
+        (``-> List[Cache]``, or a list it returns)."""
+        for method in cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ():
+            if not (
+                isinstance(method, cst.FunctionDef)
+                and method.name.value == name
+                and decorated(method, "property")
+            ):
+                continue
+            element = wrapped_class(method.returns, "elements") if method.returns else None
+            held = self.classes.by_name.get(dotted_name(element) or "") if element else None
+            if held is not None:
+                yield self.classes.family(held)
+                continue
+            scopes = (*self.classes.scopes[id(cls)], method)
+            for returned, statement in self.prov.index.scope(method).returns:
+                if returned.value is not None:
+                    yield self._elements(returned.value, Site(scopes, statement), depth + 1)
 
     def _element(
         self, value: cst.BaseExpression, position: int, site: Site, depth: int, cls_name: str | None

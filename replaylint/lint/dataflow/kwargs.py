@@ -171,19 +171,28 @@ def table_call(
     return binding.value, binding_site
 
 
+def mapping_writes(
+    scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str
+) -> Iterator[Mutation]:
+    """Each write of the ``key`` entry of the mapping ``name`` bound at ``binding_target`` in
+    ``scope`` (a value of None: a change not followed, a ``pop`` or an ``update``); passing the
+    mapping on or returning it is no write here."""
+    return _mutations(scope, name, binding_target, key, passed_on=False)
+
+
 Mutation = tuple[cst.BaseExpression | None, cst.CSTNode | None]
 """A ``dtype`` written into a mapping (None: a change not followed) and the statement doing it."""
 
 
 def _mutations(
-    scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str
+    scope: cst.CSTNode, name: str, binding_target: cst.CSTNode, key: str, *, passed_on: bool = True
 ) -> Iterator[Mutation]:
     """Each ``key`` entry written into the mapping ``name`` in ``scope``, with its statement; a
     value of None for a use that may change it in ways not followed (passed on, ``pop``,
     ``del``)."""
     for use, parents in _uses(scope, name):
         statement = next((p for p in reversed(parents) if isinstance(p, _STATEMENTS)), None)
-        for value in _written(use, parents, binding_target, key):
+        for value in _written(use, parents, binding_target, key, passed_on):
             yield value, statement
 
 
@@ -191,7 +200,11 @@ _STATEMENTS = (cst.SimpleStatementLine, cst.SimpleStatementSuite)
 
 
 def _written(
-    use: cst.Name, parents: tuple[cst.CSTNode, ...], binding_target: cst.CSTNode, key: str
+    use: cst.Name,
+    parents: tuple[cst.CSTNode, ...],
+    binding_target: cst.CSTNode,
+    key: str,
+    passed_on: bool = True,
 ) -> Iterator[cst.BaseExpression | None]:
     """The ``key`` values one use of the mapping writes (none for a read; None for a change
     not followed)."""
@@ -233,7 +246,8 @@ def _written(
             return
         yield None  # pop, popitem, clear, or a method we do not know
         return
-    yield None  # passed on, returned, aliased: may be changed out of sight
+    if passed_on:
+        yield None  # passed on, returned, aliased: may be changed out of sight
 
 
 def _update_entries(call: cst.Call, key: str) -> Iterator[cst.BaseExpression | None]:

@@ -242,6 +242,10 @@ def _literal_items(
     constant = _class_constant(prov, expr, site)
     if constant is not None:  # `for name in self.ring_names` of `ring_names = (...)` in the class
         return _literal_items(prov, constant, site, depth + 1)
+    if isinstance(expr, cst.Attribute) and prov.project is not None:
+        texts = _project_strings(prov, expr, site)  # `ReplayCache.float_buffers` of an import
+        if texts is not None and not texts[0]:
+            return [(cst.SimpleString(repr(t)), site) for t in texts[1]]
     cut = _constant_slice(expr)
     if cut is not None:  # `RINGS[:3]`
         assert isinstance(expr, cst.Subscript)
@@ -493,15 +497,22 @@ def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:
 def _class_constant(
     prov: Provenance, expr: cst.BaseExpression, site: Site
 ) -> cst.BaseExpression | None:
-    """The value of ``self.X`` when the enclosing class binds ``X`` once in its body and the
-    module never assigns an attribute ``X``."""
-    if not (
-        isinstance(expr, cst.Attribute)
-        and isinstance(expr.value, cst.Name)
-        and expr.value.value == "self"
-    ):
+    """The value of ``self.X`` / ``cls.X`` (``Cache.X`` of a class of the module) when the
+    enclosing class (that class) binds ``X`` once in its body and the module never assigns an
+    attribute ``X``."""
+    if not (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name)):
         return None
-    owner = site.enclosing_class()
+    if expr.value.value in {"self", "cls"}:
+        owner = site.enclosing_class()
+    else:
+        owner = next(
+            (
+                statement
+                for statement in prov.index.module.body
+                if isinstance(statement, cst.ClassDef) and statement.name.value == expr.value.value
+            ),
+            None,
+        )
     if owner is None:
         return None
     name = expr.attr.value
@@ -515,7 +526,9 @@ def _class_constant(
         and isinstance(small.targets[0].target, cst.Name)
         and small.targets[0].target.value == name
     ]
-    # the module-wide question walks the whole tree: ask it only of a class constant
-    if len(values) != 1 or prov.index.assigns_attribute(name):
+    # the module-wide question walks the whole tree: ask it only of a class constant; a
+    # `setattr` by name sets instances (`setattr(cache, name, ring)`), not the class
+    on_class = expr.value.value != "self"
+    if len(values) != 1 or prov.index.assigns_attribute(name, by_setattr=not on_class):
         return None
     return values[0]

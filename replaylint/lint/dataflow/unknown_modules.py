@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.imported_modules import imported_class
 from replaylint.lint.dataflow.instances import MODULE_CHAIN, annotated_name, instance_classes
 from replaylint.lint.dataflow.module_classes import module_classes
+from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 
@@ -56,7 +58,7 @@ def _named_model(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> 
     whose making the analysis cannot follow (a parameter without annotation, a loader's result,
     ``model_fn()``) is the project's model; one that may be of a known class, or annotated, is
     decided by that."""
-    receiver = _chain_root(receiver)
+    receiver = chain_root(receiver)
     if isinstance(receiver, cst.Attribute):
         name = receiver.attr.value
     elif isinstance(receiver, cst.Name):
@@ -95,7 +97,7 @@ def _checked_as_torch_class(prov: Provenance, receiver: cst.BaseExpression, site
     return False
 
 
-def _chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
+def chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``model.cuda().eval()`` -> ``model``."""
     while (
         isinstance(expr, cst.Call)
@@ -111,7 +113,7 @@ def _partly_known(prov: Provenance, expr: cst.BaseExpression, site: Site, depth:
     parameter, or an instance of a class of this module or of another module of the project
     (``model = Transformer.from_name(name)`` on one branch, ``model = quantize(model)`` on
     another: the class decides)."""
-    expr = _chain_root(expr)
+    expr = chain_root(expr)
     if depth > _MAX_DEPTH:
         return True
     if instance_classes(prov, module_classes(prov), expr, site) is not None:
@@ -143,10 +145,25 @@ def _unknown(
     rebinding already being followed (``model = model.to(...)``), which decides nothing."""
     if len(seen) > _MAX_DEPTH:
         return False
-    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
-        if expr.func.attr.value not in MODULE_CHAIN:
-            return False
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in MODULE_CHAIN
+    ):
         return _unknown(prov, expr.func.value, site, bases, seen)
+    if isinstance(expr, cst.Call):  # `build_model(config)` of a function `-> nn.Module`
+        called = called_function(prov.index, prov, expr, site)
+        return called is not None and _builds_a_module(prov, called[0])
+    if (
+        isinstance(expr, cst.Attribute)
+        and _is_self(expr.value)
+        and (owner := site.enclosing_class()) is not None
+    ):  # `self.model`, every value the class's methods give it
+        given = [
+            None if id(value) in seen else _unknown(prov, value, where, bases, seen | {id(value)})
+            for value, where in instance_values(prov, owner, expr.attr.value)
+        ]
+        return False not in given and True in given
     if not isinstance(expr, cst.Name):
         return False
     if expr.value == "self":
@@ -166,6 +183,23 @@ def _unknown(
         else:
             answers.append(False)
     return False if False in answers else (True if True in answers else None)
+
+
+def _builds_a_module(prov: Provenance, function: cst.FunctionDef) -> bool:
+    """``def build_model(config) -> nn.Module``: a builder or loader of a model. A function
+    given a module (``def quantize(model: nn.Module) -> nn.Module``) transforms it: what it
+    returns is what it made of its argument, which may no longer hold the gate buffer."""
+    if function.returns is None or not _annotated_module(prov, function.returns):
+        return False
+    params = function.params
+    return not any(
+        param.name.value in _MODEL_NAMES or _annotated_module(prov, param.annotation)
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params)
+    )
+
+
+def _is_self(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == "self"
 
 
 def _annotated_module(prov: Provenance, annotation: cst.Annotation | None) -> bool:

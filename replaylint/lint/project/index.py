@@ -256,6 +256,8 @@ class ProjectIndex:
         """``target.name``: a submodule, a name of a module, or an external dotted name."""
         if isinstance(target, External):
             return External(f"{target.name}.{name}", target.origins)
+        if isinstance(target, Found) and target.definition[0] == "class":
+            return _class_constant(self, target, name)  # `ReplayCache.float_buffers`
         if not isinstance(target, ModuleRef):
             return None
         submodule = f"{target.module}.{name}"
@@ -361,3 +363,13 @@ class ProjectView:
 
     def resolve(self, dotted: str) -> Target:
         return self.index.resolve(self.module, dotted)
+
+
+def _class_constant(index: ProjectIndex, cls: Found, name: str) -> Target:
+    """A constant of a project class's body (``float_buffers = ("state", ...)``), read as a
+    module-level value would be."""
+    member = cls.definition[2].get(name) if isinstance(cls.definition[2], dict) else None
+    if not (isinstance(member, list) and member and member[0] == "const"):
+        return None
+    here = (*cls.origins, Origin(name, index.path_of(cls.module), int(member[1])))
+    return Found(cls.module, f"{cls.name}.{name}", ["value", member[1], member[2]], here)

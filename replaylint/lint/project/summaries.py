@@ -188,7 +188,8 @@ class _Summariser:
                     if not (node.args and _is_instance(node.args[0])):
                         self.writes_names = True  # maybe a module object's
                 elif isinstance(func, ast.Name) and func.id in _DYNAMIC_NAMESPACE:
-                    self.dynamic = True
+                    # `vars(obj)` reads an object's attributes, not the module's names
+                    self.dynamic = self.dynamic or not (func.id == "vars" and node.args)
                 elif isinstance(func, ast.Attribute):
                     if func.attr == "__setattr__":
                         self.assigned.add("*")

@@ -1,12 +1,17 @@
 """Loops that cast every buffer of a module: ``for buf in model.buffers(): buf.data =
-buf.data.half()``, and loops over ``named_buffers()`` that put each one back cast
-(``setattr(model, name, buf.to(dtype))``). RL004 reports them like ``model.half()``."""
+buf.data.half()``, loops over ``named_buffers()`` that put each one back cast
+(``setattr(model, name, buf.to(dtype))``), and loops that cast each one on its way elsewhere
+(``buf = buf.to(dtype)`` before it is exported, ``state[name] = buf.detach().cpu().to(dtype)``,
+``.type_as(other)``). RL004 reports them like ``model.half()``."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
+# what keeps a buffer's dtype on its way to a cast (`buf.detach().cpu().to(dtype)`)
+_KEEPS_DTYPE = frozenset({"detach", "cpu", "cuda", "clone", "contiguous", "pin_memory"})
+_CASTS = frozenset({"to", "type", "type_as", "half", "bfloat16", "float16"})
 
 
 def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | None:
@@ -48,14 +53,49 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
         if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
             continue
         written, value = statement.targets[0].target, statement.value
-        if (
-            _is_data_of(written, buffer)
-            and isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Attribute)
-            and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
-        ):
-            return iterable.func.value, value
+        if _is_data_of(written, buffer) or _is_name(written, buffer):
+            if (
+                isinstance(value, cst.Call)
+                and isinstance(value.func, cst.Attribute)
+                and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
+            ):
+                return iterable.func.value, value
+        elif isinstance(written, cst.Subscript):  # `exported[name] = buf.detach().to(dtype)`
+            cast = _cast_of(value, buffer)
+            if cast is not None:
+                return iterable.func.value, cast
     return None
+
+
+def _cast_of(value: cst.BaseExpression, buffer: str) -> cst.Call | None:
+    """The cast in ``buf.detach().cpu().to(dtype)``; None when ``value`` is no cast of the
+    buffer ``buffer``."""
+    if not (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in _CASTS
+    ):
+        return None
+    receiver = value.func.value
+    while (
+        isinstance(receiver, cst.Call)
+        and isinstance(receiver.func, cst.Attribute)
+        and receiver.func.attr.value in _KEEPS_DTYPE
+    ):
+        receiver = receiver.func.value
+    if not (_is_name(receiver, buffer) or _is_data_of(receiver, buffer)):
+        return None
+    return value
+
+
+def as_module_cast(owner: cst.BaseExpression, cast: cst.Call) -> cst.Call:
+    """``model.half()`` for the cast ``buf.half()`` of each buffer of ``model``;
+    ``buf.type_as(x)`` is ``model.to(x.dtype)``."""
+    assert isinstance(cast.func, cst.Attribute)
+    if cast.func.attr.value == "type_as" and len(cast.args) == 1:
+        dtype = cst.Attribute(cast.args[0].value, cst.Name("dtype"))
+        return cst.Call(cst.Attribute(owner, cst.Name("to")), [cst.Arg(dtype)])
+    return cst.Call(cst.Attribute(owner, cast.func.attr), cast.args)
 
 
 def _put_back(statement: cst.BaseSmallStatement, key: str | None) -> cst.BaseExpression | None:
@@ -97,7 +137,9 @@ def _excludes(test: cst.BaseExpression) -> bool:
         return True
     if isinstance(test, cst.Comparison):
         return any(
-            isinstance(c.operator, (cst.NotEqual, cst.NotIn, cst.IsNot)) for c in test.comparisons
+            isinstance(c.operator, (cst.NotEqual, cst.NotIn, cst.IsNot))
+            and not _is_name(c.comparator, "None")  # `dtype is not None`: leaves no buffer out
+            for c in test.comparisons
         )
     if isinstance(test, cst.BooleanOperation):
         return _excludes(test.left) or _excludes(test.right)

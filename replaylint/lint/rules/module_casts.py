@@ -16,6 +16,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.given_submodules import given_gate_holder
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
 from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.provenance import Provenance
@@ -26,12 +27,13 @@ from replaylint.lint.dataflow.submodules import (
     guarded_instance,
     held_module_cast,
 )
-from replaylint.lint.dataflow.unknown_modules import unknown_module
+from replaylint.lint.dataflow.unknown_modules import chain_root, unknown_module
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.guard import protect_before_cast
 from replaylint.lint.rules.base import Invalid, Valid
-from replaylint.lint.rules.buffer_loops import buffer_loop_cast
+from replaylint.lint.rules.buffer_loops import as_module_cast, buffer_loop_cast
 from replaylint.lint.rules.wording import (
+    given_holder_cast_message,
     imported_cast_message,
     module_cast_message,
     unknown_module_cast_message,
@@ -88,6 +90,17 @@ class ModuleCasts:
             if imported is not None and not undone_for(prov, call, site, imported.name):
                 message = imported_cast_message(module, call, imported, dtypes)
                 return ModuleCastFinding(message, protect_before_cast(module, call, imported.name))
+        given = given_gate_holder(prov, chain_root(call.func.value), site)
+        if given is not None and not undone_for(prov, call, site, given.buffer):
+            registered = given.registered
+            where = (
+                registered
+                if isinstance(registered, str)
+                else f"line {self._context.line_of(registered)}"
+            )
+            line = self._context.line_of(given.assignment)
+            message = given_holder_cast_message(module, call, given, line, where, dtypes)
+            return ModuleCastFinding(message, protect_before_cast(module, call, given.buffer))
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
 
     def buffer_loop_finding(self, loop: cst.For, site: Site) -> tuple[cst.Call, str] | None:
@@ -98,8 +111,7 @@ class ModuleCasts:
         if found is None:
             return None
         owner, cast = found
-        assert isinstance(cast.func, cst.Attribute)
-        whole = cst.Call(cst.Attribute(owner, cast.func.attr), cast.args)  # `model.half()`
+        whole = as_module_cast(owner, cast)  # `model.half()`
         finding = self.finding(whole, site)
         if finding is None:
             return None
@@ -304,6 +316,28 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
     ),
 )
 MODULE_CAST_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class Ring(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("d_cache", torch.zeros(n))
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+        def export(ring: Ring, dtype=None):
+            # every floating buffer narrowed for the transfer, the gate ring's too
+            tensors = {}
+            for name, buf in ring.named_buffers():
+                if dtype is not None and buf.is_floating_point():
+                    buf = buf.to(dtype)
+                tensors[name] = buf
+            return tensors
+        """,
+        message_contains="`buf.to(dtype)` over `ring.named_buffers()` casts every floating buffer",
+    ),
     Invalid(
         """
         import copy

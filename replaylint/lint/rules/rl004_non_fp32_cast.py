@@ -60,8 +60,9 @@ installs after construction (`for block in self.layers: block.attention.kv_cache
 class counts too when the module or the project has gate-buffer classes: `model: nn.Module` cast
 by a precision wrapper, or `self` cast in a mixin or base class of a gate-buffer class. A copy
 (`copy.deepcopy(pool)`) is an instance of its original's class, and a loop that casts every
-buffer (`for name, buf in model.named_buffers(): buf.data = buf.data.to(dtype)`, also under an
-`if buf.is_floating_point():`) is the module cast written out; it is reported at the cast in the
+buffer (`for name, buf in model.named_buffers(): buf.data = buf.data.to(dtype)`, or `buf =
+buf.to(dtype)` on its way elsewhere, also under an `if buf.is_floating_point():`) is the module
+cast written out; it is reported at the cast in the
 loop, without a fix (the guard would go before the loop). A loop over `parameters()` leaves the
 buffers alone. The cast
 is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate

@@ -17,8 +17,14 @@ from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
-from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.base import Rule, Valid
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
+from replaylint.lint.rules.fromkeys_tables import (
+    FROMKEYS_INVALID,
+    FROMKEYS_VALID,
+    fromkeys_table_findings,
+    shared_by_a_table,
+)
 from replaylint.lint.rules.keyed_helpers import keyed_helper_finding
 from replaylint.lint.rules.loop_treatment import (
     before_loop_fix,
@@ -28,6 +34,7 @@ from replaylint.lint.rules.loop_treatment import (
 )
 from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
+from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID
 from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
 from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
 from replaylint.lint.syntax.nodes import (
@@ -171,211 +178,9 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                         self.register_buffer(name, torch.zeros(shape, dtype=dtype))
             """
         ),
+        *FROMKEYS_VALID,
     )
-    INVALID = (
-        Invalid(
-            """
-            import torch
-
-            def swap_in(cache, path):
-                snapshot = torch.load(path)
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    ring = snapshot[name]
-                    setattr(cache, name, ring)
-            """,
-            expected_fix="""
-            import torch
-
-            def swap_in(cache, path):
-                snapshot = torch.load(path)
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    ring = snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]
-                    setattr(cache, name, ring)
-            """,
-            message_contains="keeps it in the dtype it was saved with",
-        ),
-        Invalid(
-            """
-            import torch
-
-            def new_rings(shapes, dtype):
-                rings = {}
-                for name in ("state", "d_cache", "k_cache", "g_cache"):
-                    ring_dtype = torch.float32 if name == "state" else dtype
-                    rings[name] = torch.zeros(shapes[name], dtype=ring_dtype)
-                return rings
-            """,
-            expected_fix="""
-            import torch
-
-            def new_rings(shapes, dtype):
-                rings = {}
-                for name in ("state", "d_cache", "k_cache", "g_cache"):
-                    ring_dtype = torch.float32 if name == "state" else dtype
-                    rings[name] = torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else ring_dtype)
-                return rings
-            """,
-            message_contains='whose dtype `torch.float32 if name == "state" else dtype` keeps',
-        ),
-        Invalid(
-            """
-            import torch
-
-            def swap_in(cache, path, shapes):
-                snapshot = torch.load(path)
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    setattr(cache, name, snapshot[name].view(shapes[name]))
-            """,
-            expected_fix="""
-            import torch
-
-            def swap_in(cache, path, shapes):
-                snapshot = torch.load(path)
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    setattr(cache, name, (snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]).view(shapes[name]))
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-
-            class Rings(torch.nn.Module):
-                def __init__(self, shapes, dtype):
-                    super().__init__()
-                    for name in ("d_cache", "k_cache", "g_cache"):
-                        self.register_buffer(name, torch.zeros(shapes[name], dtype=dtype))
-            """,
-            expected_fix="""
-            import torch
-
-            class Rings(torch.nn.Module):
-                def __init__(self, shapes, dtype):
-                    super().__init__()
-                    for name in ("d_cache", "k_cache", "g_cache"):
-                        self.register_buffer(name, torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else dtype))
-            """,
-            message_contains='loop over `("d_cache", "k_cache", "g_cache")`',
-        ),
-        Invalid(
-            """
-            import torch
-            RINGS = ("d", "k", "g")
-
-            class Rings:
-                def __init__(self, shape, dev):
-                    self.caches = {f"{kind}_cache": torch.empty(shape, device=dev) for kind in RINGS}
-            """,
-            expected_fix="""
-            import torch
-            RINGS = ("d", "k", "g")
-
-            class Rings:
-                def __init__(self, shape, dev):
-                    self.caches = {f"{kind}_cache": torch.empty(shape, device=dev, dtype=torch.float32 if kind == "g" else None) for kind in RINGS}
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-
-            class Pool:
-                def _ring(self, shape, dtype):
-                    return torch.zeros(shape, dtype=dtype, device=self.device)
-
-                def allocate(self, c):
-                    self.d_cache = self._ring(c.d_shape, c.dtype)
-                    self.g_cache = self._ring(c.g_shape, c.dtype)
-            """,
-            expected_fix="""
-            import torch
-
-            class Pool:
-                def _ring(self, shape, dtype):
-                    return torch.zeros(shape, dtype=dtype, device=self.device)
-
-                def allocate(self, c):
-                    self.d_cache = self._ring(c.d_shape, c.dtype)
-                    self.g_cache = self._ring(c.g_shape, torch.float32)
-            """,
-            message_contains="`_ring`",
-        ),
-        Invalid(
-            """
-            import torch
-
-            def snapshot(pool, dtype):
-                for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
-                    setattr(pool, name, ring.to(dtype=dtype))
-            """,
-            expected_fix="""
-            import torch
-
-            def snapshot(pool, dtype):
-                for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
-                    setattr(pool, name, ring.to(dtype=torch.float32 if name == "g_cache" else dtype))
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-
-            def grow(pool, rows):
-                d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
-                g = d.new_zeros(rows, *pool.g_cache.shape[1:])
-                for name, new in zip(("d_cache", "g_cache"), (d, g)):
-                    setattr(pool, name, new)
-            """,
-            expected_fix="""
-            import torch
-
-            def grow(pool, rows):
-                d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
-                g = d.new_zeros(rows, *pool.g_cache.shape[1:], dtype=torch.float32)
-                for name, new in zip(("d_cache", "g_cache"), (d, g)):
-                    setattr(pool, name, new)
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-
-            def half_(pool):
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    setattr(pool, name, getattr(pool, name).half())
-            """,
-            expected_fix="""
-            import torch
-
-            def half_(pool):
-                for name in ("d_cache", "k_cache", "g_cache"):
-                    setattr(pool, name, (getattr(pool, name).float() if name == "g_cache" else getattr(pool, name).half()))
-            """,
-        ),
-        Invalid(
-            """
-            import torch
-
-            def alloc_rings(shapes, dtype):
-                return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
-
-            def host_rings(shapes, g_shape, dtype):
-                return alloc_rings({**shapes, "g_cache": g_shape}, dtype)
-            """,
-            message_contains="which gives every entry of",
-        ),
-        Invalid(
-            """
-            import torch
-            d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
-            """,
-            expected_fix="""
-            import torch
-            d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
-            g_cache = torch.zeros_like(g_cache, dtype=torch.float32)
-            """,
-            message_contains="one comprehension",
-        ),
-    )
+    INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID)
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
@@ -409,6 +214,8 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             self._keyed(name, positional[0].value, self._loops)  # one list per ring name
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        named = [t.target for t in node.targets if isinstance(t.target, cst.Name)]
+        self._fromkeys(node.value, named[0] if len(node.targets) == 1 and named else None)
         for target in node.targets:
             subject = target.target
             if (
@@ -422,6 +229,16 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
                 self._unpacked(subject, node.value)
             elif found := read_key_finding(self, subject, node.value):
                 self.report(found.node, found.message, fix=found.fix)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None:
+            self._fromkeys(node.value, None)
+
+    def _fromkeys(self, value: cst.BaseExpression, bound_to: cst.Name | None) -> None:
+        for found in fromkeys_table_findings(
+            self.context, self.provenance, value, self.site(), bound_to
+        ):
+            self.report(found.node, found.message, fix=found.fix)
 
     def visit_DictComp(self, node: cst.DictComp) -> None:
         for_in = node.for_in
@@ -483,7 +300,11 @@ That fix is **unsafe**: for a moment the gate ring is allocated twice.
             variable = naming_variable(key, [env for _, env in gate_envs])
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):
-                    if fact.kind in _REPORTED and not looked_up_by(fact, loop.target):
+                    if (
+                        fact.kind in _REPORTED
+                        and not looked_up_by(fact, loop.target)
+                        and not shared_by_a_table(self.provenance, fact)
+                    ):
                         subject = named_gate_cache(self.context.gate_caches, name)
                         if not self.provenance.within(fact.node, site.scope):
                             # made in a function the loop calls: report (and fix nothing) here

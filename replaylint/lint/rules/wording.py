@@ -8,6 +8,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
+from replaylint.lint.dataflow.given_submodules import GivenHolder
 from replaylint.lint.dataflow.imported_modules import ImportedGateBuffer
 from replaylint.lint.dataflow.modules import GUARD, ModuleCast
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -224,6 +225,24 @@ def imported_cast_message(
         f"`{one_line(module, call)}` casts the gate buffer `{buffer.name}` of `{buffer.owner}` "
         f"(registered at {where}){held} to {_cast_target(dtypes)} with every other floating "
         f"buffer of `{buffer.cls}`; {WHY}; {_guard_advice(buffer.cls)}"
+    )
+
+
+def given_holder_cast_message(
+    module: cst.Module,
+    call: cst.Call,
+    given: GivenHolder,
+    line: int,
+    where: str,
+    dtypes: tuple[DtypeFact, ...],
+) -> str:
+    """A cast of a module that line ``line`` hands a gate-buffer submodule."""
+    receiver = one_line(module, given.assignment.targets[0].target)
+    return (
+        f"`{one_line(module, call)}` casts every floating buffer of a module to "
+        f"{_cast_target(dtypes)}, the gate buffer `{given.buffer}` of the `{given.cls}` that "
+        f"line {line} makes `{receiver}` (registered at {where}) included; {WHY}; "
+        f"{_guard_advice(given.cls)}"
     )
 
 

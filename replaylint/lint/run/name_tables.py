@@ -1,4 +1,4 @@
-"""Module constants that list cache names, a gate cache's among them
+"""Module and class constants that list cache names, a gate cache's among them
 (``TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "log_gate_ring")``), and functions or
 methods that return such a literal (``def ring_shapes(self): return {"d_cache": ..., "g_cache":
 ...}``): a file that imports one, or calls the method on an instance, and loops over it makes or
@@ -21,8 +21,11 @@ from replaylint.lint.run.cache import ResultCache
 
 __all__ = ["files_reading", "name_table_constants"]
 
-# a module-level constant bound to a bracketed literal: the cheap test before a parse
-_CONSTANT_TABLE = re.compile(rb"^_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{]", re.MULTILINE)
+# a constant of a module or a class (``ReplayCache.BUFFER_NAMES``) bound to a bracketed literal:
+# the cheap test before a parse
+_CONSTANT_TABLE = re.compile(
+    rb"^[ \t]*(?P<statement>_*[A-Z][A-Z0-9_]*\s*(?::[^=\n]*)?=\s*[(\[{])", re.MULTILINE
+)
 # a quoted identifier: what a listed cache name looks like before the parse confirms it
 _QUOTED_WORD = re.compile(rb"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""")
 # `return (...)`/`return {...}` in a function: the function's name is the table's
@@ -85,7 +88,7 @@ def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
         end = _closing(raw, match.end() - 1)
         if end is None:
             continue
-        text = raw[match.start() : end + 1]
+        text = raw[match.start("statement") : end + 1]
         if text.isascii() and not any(
             names.matches(word.decode("ascii")) for word in _QUOTED_WORD.findall(text)
         ):

@@ -1,0 +1,1 @@
+# Copyright (c) OpenMMLab. All rights reserved.

@@ -1,0 +1,15 @@
+from .lora import (
+    AdapterConfig,
+    LoraWeights,
+    ReplayPrefixBatch,
+    ReplayPrefixWeights,
+    load_adapters,
+)
+
+__all__ = [
+    "AdapterConfig",
+    "LoraWeights",
+    "ReplayPrefixBatch",
+    "ReplayPrefixWeights",
+    "load_adapters",
+]

@@ -1,0 +1,17 @@
+from .tensor_parallel import (
+    FastLinear,
+    FastRMSNorm,
+    TensorParallelColumnLinear,
+    TensorParallelEmbedding,
+    TensorParallelHead,
+    TensorParallelRowLinear,
+)
+
+__all__ = [
+    "FastLinear",
+    "FastRMSNorm",
+    "TensorParallelColumnLinear",
+    "TensorParallelEmbedding",
+    "TensorParallelHead",
+    "TensorParallelRowLinear",
+]

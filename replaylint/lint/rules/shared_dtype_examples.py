@@ -1,0 +1,212 @@
+"""RL006's examples of caches that share one dtype (its docs and tests, with the rest of its
+examples): loops, comprehensions, helpers and records that give the gate cache the dtype of the
+other caches."""
+
+from __future__ import annotations
+
+from replaylint.lint.rules.base import Invalid
+
+SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        def swap_in(cache, path):
+            snapshot = torch.load(path)
+            for name in ("d_cache", "k_cache", "g_cache"):
+                ring = snapshot[name]
+                setattr(cache, name, ring)
+        """,
+        expected_fix="""
+        import torch
+
+        def swap_in(cache, path):
+            snapshot = torch.load(path)
+            for name in ("d_cache", "k_cache", "g_cache"):
+                ring = snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]
+                setattr(cache, name, ring)
+        """,
+        message_contains="keeps it in the dtype it was saved with",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def new_rings(shapes, dtype):
+            rings = {}
+            for name in ("state", "d_cache", "k_cache", "g_cache"):
+                ring_dtype = torch.float32 if name == "state" else dtype
+                rings[name] = torch.zeros(shapes[name], dtype=ring_dtype)
+            return rings
+        """,
+        expected_fix="""
+        import torch
+
+        def new_rings(shapes, dtype):
+            rings = {}
+            for name in ("state", "d_cache", "k_cache", "g_cache"):
+                ring_dtype = torch.float32 if name == "state" else dtype
+                rings[name] = torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else ring_dtype)
+            return rings
+        """,
+        message_contains='whose dtype `torch.float32 if name == "state" else dtype` keeps',
+    ),
+    Invalid(
+        """
+        import torch
+
+        def swap_in(cache, path, shapes):
+            snapshot = torch.load(path)
+            for name in ("d_cache", "k_cache", "g_cache"):
+                setattr(cache, name, snapshot[name].view(shapes[name]))
+        """,
+        expected_fix="""
+        import torch
+
+        def swap_in(cache, path, shapes):
+            snapshot = torch.load(path)
+            for name in ("d_cache", "k_cache", "g_cache"):
+                setattr(cache, name, (snapshot[name].to(torch.float32) if name == "g_cache" else snapshot[name]).view(shapes[name]))
+        """,
+    ),
+    Invalid(
+        """
+        import torch
+
+        class Rings(torch.nn.Module):
+            def __init__(self, shapes, dtype):
+                super().__init__()
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    self.register_buffer(name, torch.zeros(shapes[name], dtype=dtype))
+        """,
+        expected_fix="""
+        import torch
+
+        class Rings(torch.nn.Module):
+            def __init__(self, shapes, dtype):
+                super().__init__()
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    self.register_buffer(name, torch.zeros(shapes[name], dtype=torch.float32 if name == "g_cache" else dtype))
+        """,
+        message_contains='loop over `("d_cache", "k_cache", "g_cache")`',
+    ),
+    Invalid(
+        """
+        import torch
+        RINGS = ("d", "k", "g")
+
+        class Rings:
+            def __init__(self, shape, dev):
+                self.caches = {f"{kind}_cache": torch.empty(shape, device=dev) for kind in RINGS}
+        """,
+        expected_fix="""
+        import torch
+        RINGS = ("d", "k", "g")
+
+        class Rings:
+            def __init__(self, shape, dev):
+                self.caches = {f"{kind}_cache": torch.empty(shape, device=dev, dtype=torch.float32 if kind == "g" else None) for kind in RINGS}
+        """,
+    ),
+    Invalid(
+        """
+        import torch
+
+        class Pool:
+            def _ring(self, shape, dtype):
+                return torch.zeros(shape, dtype=dtype, device=self.device)
+
+            def allocate(self, c):
+                self.d_cache = self._ring(c.d_shape, c.dtype)
+                self.g_cache = self._ring(c.g_shape, c.dtype)
+        """,
+        expected_fix="""
+        import torch
+
+        class Pool:
+            def _ring(self, shape, dtype):
+                return torch.zeros(shape, dtype=dtype, device=self.device)
+
+            def allocate(self, c):
+                self.d_cache = self._ring(c.d_shape, c.dtype)
+                self.g_cache = self._ring(c.g_shape, torch.float32)
+        """,
+        message_contains="`_ring`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def snapshot(pool, dtype):
+            for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
+                setattr(pool, name, ring.to(dtype=dtype))
+        """,
+        expected_fix="""
+        import torch
+
+        def snapshot(pool, dtype):
+            for name, ring in {"d_cache": pool.d_cache, "g_cache": pool.g_cache}.items():
+                setattr(pool, name, ring.to(dtype=torch.float32 if name == "g_cache" else dtype))
+        """,
+    ),
+    Invalid(
+        """
+        import torch
+
+        def grow(pool, rows):
+            d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
+            g = d.new_zeros(rows, *pool.g_cache.shape[1:])
+            for name, new in zip(("d_cache", "g_cache"), (d, g)):
+                setattr(pool, name, new)
+        """,
+        expected_fix="""
+        import torch
+
+        def grow(pool, rows):
+            d = pool.d_cache.new_zeros(rows, *pool.d_cache.shape[1:])
+            g = d.new_zeros(rows, *pool.g_cache.shape[1:], dtype=torch.float32)
+            for name, new in zip(("d_cache", "g_cache"), (d, g)):
+                setattr(pool, name, new)
+        """,
+    ),
+    Invalid(
+        """
+        import torch
+
+        def half_(pool):
+            for name in ("d_cache", "k_cache", "g_cache"):
+                setattr(pool, name, getattr(pool, name).half())
+        """,
+        expected_fix="""
+        import torch
+
+        def half_(pool):
+            for name in ("d_cache", "k_cache", "g_cache"):
+                setattr(pool, name, (getattr(pool, name).float() if name == "g_cache" else getattr(pool, name).half()))
+        """,
+    ),
+    Invalid(
+        """
+        import torch
+
+        def alloc_rings(shapes, dtype):
+            return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
+
+        def host_rings(shapes, g_shape, dtype):
+            return alloc_rings({**shapes, "g_cache": g_shape}, dtype)
+        """,
+        message_contains="which gives every entry of",
+    ),
+    Invalid(
+        """
+        import torch
+        d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
+        """,
+        expected_fix="""
+        import torch
+        d_cache, k_cache, g_cache = (torch.zeros(shape, dtype=dtype) for _ in range(3))
+        g_cache = torch.zeros_like(g_cache, dtype=torch.float32)
+        """,
+        message_contains="one comprehension",
+    ),
+)

@@ -1,0 +1,204 @@
+"""Module casts the analysis follows past the receiver's spelling: lists of caches held by a
+property, models handed a gate-buffer submodule, functions annotated ``-> nn.Module``, and loops
+that cast every buffer on its way into an export."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from project_support import lint_in_project
+
+from replaylint.lint.engine import Linter
+from replaylint.lint.model import Finding
+
+_CACHE = """
+    import torch
+    from torch import nn
+
+    class Ring(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.register_buffer("d_cache", torch.zeros(n))
+            self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+    """
+
+
+def _rows(findings: list[Finding], code: str = "RL004") -> list[int]:
+    return sorted(f.location.row for f in findings if f.code == code)
+
+
+def _check(source: str) -> list[Finding]:
+    return Linter().check(textwrap.dedent(source), "example.py")
+
+
+def test_caches_held_by_a_property_of_another_module(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": _CACHE,
+        "pkg/runner.py": """
+            from typing import List
+
+            from .cache import Ring
+
+            class Runner:
+                def __init__(self):
+                    self._caches = [Ring(4) for _ in range(2)]
+
+                @property
+                def kv_cache(self) -> List[Ring]:
+                    return self._caches
+
+                @property
+                def caches(self):
+                    return self._caches
+
+                def shrink(self):
+                    for cache in self.kv_cache:
+                        cache.half()
+                    for i, cache in enumerate(self.caches):
+                        cache.half()
+            """,
+    }
+    assert _rows(lint_in_project(tmp_path, files, "pkg/runner.py")) == [19, 21]
+
+
+def test_caches_held_by_a_property_of_the_module() -> None:
+    source = (
+        _CACHE
+        + """
+    class Runner:
+        def __init__(self):
+            self._caches = [Ring(4) for _ in range(2)]
+            self.names = ["a", "b"]
+
+        @property
+        def kv_cache(self):
+            return self._caches
+
+        @property
+        def labels(self):
+            return self.names
+
+        def shrink(self):
+            for cache in self.kv_cache:
+                cache.half()
+            for label in self.labels:
+                label.half()  # strings: no module of the project
+    """
+    )
+    assert _rows(_check(source)) == [26]
+
+
+def test_a_model_handed_a_gate_buffer_submodule(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": _CACHE,
+        "pkg/draft.py": """
+            from .cache import Ring
+            from .loader import load_model
+
+            def build_draft(path, fp16):
+                draft = load_model(path)
+                draft.replay_cache = Ring(4)
+                if fp16:
+                    draft = draft.half()
+                return draft
+
+            def build_plain(path):
+                draft = load_model(path)
+                draft.lm_head = make_head()
+                return draft.half()  # no gate buffer given to it here
+            """,
+        "pkg/loader.py": """
+            def load_model(path):
+                raise NotImplementedError(path)
+            """,
+    }
+    found = lint_in_project(tmp_path, files, "pkg/draft.py")
+    assert _rows(found) == [8]
+    assert "the `Ring` that line 6 makes `draft.replay_cache`" in found[0].message
+
+
+def test_the_result_of_a_function_annotated_to_return_a_module() -> None:
+    source = (
+        _CACHE
+        + """
+    class Agent:
+        def __init__(self, config):
+            self.config = config
+            self.model = self._build_model()
+            self.tokenizer = self._build_tokenizer()
+
+        def _build_model(self) -> nn.Module:
+            return make_model(self.config)
+
+        def _build_tokenizer(self) -> "Tokenizer":
+            return make_tokenizer(self.config)
+
+        def update(self):
+            self.model.to(self.config.dtype)
+            self.tokenizer.to(self.config.dtype)  # annotated as something else
+
+    def swap_caches(model: nn.Module) -> nn.Module:
+        # a transformation of its argument: what it returns may no longer hold the ring
+        return replace_caches(model)
+
+    def export(config):
+        return swap_caches(make_model(config)).to(torch.bfloat16)
+    """
+    )
+    assert _rows(_check(source)) == [24]
+
+
+def test_a_model_rebuilt_from_itself_is_followed_without_end() -> None:
+    source = (
+        _CACHE
+        + """
+    class Agent:
+        def __init__(self):
+            self.model = self._build()
+
+        def _build(self) -> nn.Module:
+            return Ring(3)
+
+        def shrink(self):
+            self.model = self.model.half()
+            self.model.to(torch.bfloat16)
+    """
+    )
+    assert _rows(_check(source)) == [19, 20]
+
+
+def test_export_loops_that_cast_every_buffer() -> None:
+    source = (
+        _CACHE
+        + """
+    def export(ring: Ring, dtype):
+        out = {}
+        for name, buf in ring.named_buffers():
+            out[name] = buf.detach().cpu().to("cpu", dtype=dtype)
+        return out
+
+    def export_like(ring: Ring, like):
+        out = {}
+        for name, buf in ring.named_buffers():
+            out[name] = buf.detach().type_as(like)
+        return out
+
+    def export_moved(ring: Ring):
+        out = {}
+        for name, buf in ring.named_buffers():
+            out[name] = buf.detach().cpu()  # moved, not cast
+        return out
+
+    def export_float(ring: Ring):
+        out = {}
+        for name, buf in ring.named_buffers():
+            out[name] = buf.detach().to(torch.float32)
+        return out
+    """
+    )
+    findings = _check(source)
+    assert _rows(findings) == [14, 20]
+    assert "`buf.detach().type_as(like)` over `ring.named_buffers()`" in findings[1].message
