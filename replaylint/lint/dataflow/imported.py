@@ -29,14 +29,13 @@ import libcst as cst
 from replaylint.lint.dataflow.facts import (
     DtypeFact,
 )
-from replaylint.lint.dataflow.kwargs import table_call
 from replaylint.lint.dataflow.strings import Env
+from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import (
     dtype_from_qualified_name,
 )
 from replaylint.lint.project.index import External, Found, Origin, Target
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import positional_args
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -45,15 +44,6 @@ if TYPE_CHECKING:
 _MAX_STEPS = 64  # evaluation steps per question: summaries are small, chains are short
 MALFORMED = (IndexError, KeyError, TypeError, ValueError, AttributeError)
 """What reading a summary of an unexpected shape raises: no answer, never a crash."""
-
-
-@dataclass(frozen=True)
-class Here:
-    """An argument written in the module under analysis."""
-
-    expr: cst.BaseExpression
-    site: Site
-    env: Env
 
 
 @dataclass(frozen=True)
@@ -185,6 +175,8 @@ class Evaluation:
         kind = base[0]
         if kind == "__bound__":  # `cfg = CacheConfig()` earlier: frozen, or it may have changed
             kind, base = "call", base[1]
+        if kind == "call" and (returned := self._returned(base, context)) is not None:
+            return self.returned_field_dtypes(*returned, str(value[2]))
         if kind in {"call", "__instance__"}:
             found = self.target(base[1], context)
             if isinstance(found, Found) and found.definition[0] == "class":
@@ -204,6 +196,26 @@ class Evaluation:
                     Instance(found, holds), str(value[2]), context, exact=exact
                 )
         raise Unknown
+
+    def returned_field_dtypes(self, value: Value, context: Context, name: str) -> list[DtypeFact]:
+        """Field ``name`` of the record a project function returns (``CacheDtypes(gate=...)``
+        on each ``return``): the argument that fills it, or the field's default."""
+        if value[0] == "either":
+            return [
+                f for branch in value[1] for f in self.returned_field_dtypes(branch, context, name)
+            ]
+        if value[0] != "call":
+            raise Unknown
+        found = self.target(value[1], context)
+        if not (isinstance(found, Found) and found.definition[0] == "class"):
+            raise Unknown
+        fields = found.definition[3].get("fields")
+        for keyword, argument in value[3]:
+            if keyword == name:
+                return self.dtypes(argument, context)
+        if isinstance(fields, list) and name in fields and fields.index(name) < len(value[2]):
+            return self.dtypes(value[2][fields.index(name)], context)
+        return self.member_dtypes(Instance(found, True), name, context)
 
     def member_dtypes(
         self,
@@ -494,91 +506,3 @@ def string_value(prov: Provenance, expr: cst.Name, site: Site) -> str | None:
     except (Unknown, *MALFORMED):
         return None
     return text if isinstance(text, str) else None
-
-
-def as_value(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
-    """``expr`` of the module under analysis as a summary value over its imports: imported
-    names and attributes of them, calls of them and subscripts of them; None otherwise."""
-    if isinstance(expr, (cst.Name, cst.Attribute)):
-        if isinstance(expr, cst.Name) and not _imported_here(prov, expr, site, env):
-            return None
-        names = prov.index.imported_names(expr)
-        if len(names) == 1:
-            return ["ref", "", next(iter(names))]
-        if isinstance(expr, cst.Attribute):
-            base = _receiver(prov, expr.value, site, env)
-            if base is not None:
-                return ["attr", base, expr.attr.value]
-        return None
-    if isinstance(expr, cst.Call):
-        callee = as_value(prov, expr.func, site, env)
-        if callee is None and isinstance(expr.func, cst.Attribute):
-            held = _held_instance(prov, expr.func.value, site)  # `self.model_args.ring_shapes()`
-            callee = None if held is None else ["attr", held, expr.func.attr.value]
-        if callee is None or any(arg.star for arg in expr.args):
-            return None
-        args = [["__here__", Here(a.value, site, env)] for a in positional_args(expr)]
-        keywords = [
-            [a.keyword.value, ["__here__", Here(a.value, site, env)]]
-            for a in expr.args
-            if a.keyword is not None
-        ]
-        return ["call", callee, args, keywords]
-    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
-        index = expr.slice[0].slice
-        if not isinstance(index, cst.Index):
-            return None
-        table = as_value(prov, expr.value, site, env)
-        if table is None and isinstance(expr.value, cst.Name):
-            table = _returned_table(prov, expr.value, index.value, site, env)
-        if table is None:
-            return None
-        return ["item", table, ["__here__", Here(index.value, site, env)]]
-    return None
-
-
-def _returned_table(
-    prov: Provenance, name: cst.Name, key: cst.BaseExpression, site: Site, env: Env
-) -> Value | None:
-    """``dtypes = ring_dtypes(dtype)`` bound once to a call of a project function, whose entry
-    ``key`` the scope never writes afterwards: the call, for ``dtypes["g_cache"]``."""
-    wanted = prov.string_value(key, site, env)
-    bound = None if wanted is None else table_call(prov, name, wanted, site, env)
-    return None if bound is None else as_value(prov, bound[0], bound[1], env)
-
-
-def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
-    """An instance of a project class: ``CacheConfig()``, or a local or parameter annotated
-    with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``)."""
-    if isinstance(expr, cst.Call):
-        return as_value(prov, expr, site, env)
-    if not isinstance(expr, cst.Name):
-        return None
-    found = prov.lookup(expr.value, site, env)
-    if not found or len(found) != 1:
-        return None
-    binding, binding_site = found[0]
-    if binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        made = as_value(prov, binding.value, binding_site, env)
-        return None if made is None else ["__bound__", made]
-    node = binding.node
-    if binding.kind == "param" and isinstance(node, cst.Param) and node.annotation is not None:
-        annotation = node.annotation.annotation
-        cls = as_value(prov, annotation, binding_site, env)
-        return None if cls is None else ["__instance__", cls]
-    return None
-
-
-def _held_instance(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Value | None:
-    """``self.model_args``, a loop variable over ``model.layers``: an instance of a project
-    class that :mod:`.imported_modules` can tell."""
-    from replaylint.lint.dataflow.imported_modules import imported_class
-
-    found = imported_class(prov, expr, site)
-    return None if found is None else ["__instance__", ["__there__", found]]
-
-
-def _imported_here(prov: Provenance, expr: cst.Name, site: Site, env: Env) -> bool:
-    """Whether ``expr`` reads an import (not a local that shadows it)."""
-    found = prov.lookup(expr.value, site, env)
-    return bool(found) and all(binding.kind == "import" for binding, _ in found)  # type: ignore[union-attr]

@@ -28,12 +28,11 @@ from replaylint.lint.dataflow.imported import (
     MALFORMED,
     Context,
     Evaluation,
-    Here,
     Unknown,
-    as_value,
     describe_origins,
 )
 from replaylint.lint.dataflow.strings import Env
+from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
     NON_FLOATING_DTYPES,

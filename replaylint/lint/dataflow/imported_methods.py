@@ -23,9 +23,9 @@ from replaylint.lint.dataflow.imported import (
     Instance,
     There,
     Unknown,
-    as_value,
     bind_arguments,
 )
+from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.project.index import Found, Origin
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.sites import Site

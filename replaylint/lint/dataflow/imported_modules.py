@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.helpers import CalledFunction, called_function
-from replaylint.lint.dataflow.imported import MALFORMED, as_value
+from replaylint.lint.dataflow.imported import MALFORMED
 from replaylint.lint.dataflow.instances import (
     INHERITED_CONSTRUCTORS,
     MODULE_CHAIN,
@@ -32,6 +32,7 @@ from replaylint.lint.dataflow.new_instances import constructed_here, methods_cal
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.project.gate_buffers import (
     ImportedGateBuffer,
     class_gate_buffer,

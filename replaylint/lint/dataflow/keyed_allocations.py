@@ -19,19 +19,12 @@ import libcst as cst
 from replaylint.lint.dataflow.arguments import parameter_position, passed_values
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.helpers import CalledFunction, called_function
-from replaylint.lint.dataflow.imported import (
-    MALFORMED,
-    Context,
-    Evaluation,
-    Here,
-    There,
-    Unknown,
-    as_value,
-)
+from replaylint.lint.dataflow.imported import MALFORMED, Context, Evaluation, There, Unknown
 from replaylint.lint.dataflow.instances import instance_classes
 from replaylint.lint.dataflow.module_classes import ModuleClasses, attribute_values
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import POSITIONAL_DTYPE, TORCH_FACTORIES
 from replaylint.lint.project.index import External, Found
 from replaylint.lint.syntax.nodes import keyword_arg, positional_args

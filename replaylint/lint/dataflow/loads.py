@@ -214,7 +214,8 @@ def _project_loader(prov: Provenance, call: cst.Call, site: Site, env: Env) -> b
     reads tensors (``torch.frombuffer``, ``torch.load`` ...) and casts none of them."""
     if prov.project is None:
         return False
-    from replaylint.lint.dataflow.imported import MALFORMED, as_value
+    from replaylint.lint.dataflow.imported import MALFORMED
+    from replaylint.lint.dataflow.summary_values import as_value
 
     try:
         value = as_value(prov, call, site, env)

@@ -17,6 +17,7 @@ import libcst as cst
 from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.returned_records import returned_field_dtypes
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.syntax.nodes import dotted_name, is_none_literal, keyword_arg, positional_args
@@ -33,6 +34,9 @@ def attribute_dtype(
     """The dtypes ``<x>.<name>`` may be when ``name`` is a constant, field or property of the
     module's classes (of the enclosing class, for ``self.<name>``) and nothing in the module
     assigns ``<anything>.<name>``; None when unknown."""
+    returned = returned_field_dtypes(prov, attribute, site)
+    if returned is not None:  # `dtypes.gate` of `dtypes = cache_dtypes(...)`
+        return returned
     name = attribute.attr.value
     receiver = attribute.value
     if isinstance(receiver, cst.Name) and receiver.value in {"self", "cls"}:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.imported import MALFORMED, as_value
+from replaylint.lint.dataflow.imported import MALFORMED
 from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import binding_name, dotted_name
 from replaylint.lint.syntax.sites import Site

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import libcst as cst
 
-from replaylint.lint.dataflow import imported
+from replaylint.lint.dataflow import imported, summary_values
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.project.index import Found
@@ -142,7 +142,7 @@ def _imported_class(
     if prov.project is None:
         return None
     try:
-        value = imported.as_value(prov, call.func, site, env)
+        value = summary_values.as_value(prov, call.func, site, env)
         if value is None:
             return None
         target = imported.Evaluation(prov, call).target(

@@ -2,7 +2,8 @@
 
 One question per cast call, answered from the most to the least that is known of the receiver:
 an instance of a gate-buffer class of this module (or of a class that holds one through its
-submodules), an instance of such a class imported from another module of the project, and a
+submodules), an instance of such a class imported from another module of the project, a module
+handed a gate-buffer submodule in the function that casts it (``draft.cache = Cache(...)``), and a
 module of no known class (``model: nn.Module``, ``self`` in a mixin) in a project or module
 whose classes hold a gate buffer. A guarded instance is never reported, nor a cast whose result
 goes straight into a function that puts the gate buffer back to float32 (:mod:`replaylint.lint.dataflow.recasts`).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import Kind, TypeAsDeviceOfOther
+from replaylint.lint.dataflow.facts import Kind, TensorFact, TypeAsDeviceOfOther
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -42,6 +43,10 @@ passed as `Pool(g_cache=x.half())` or `state._replace(g_cache=...)`, in a dict o
 a comprehension, assigned to `self.g_cache.data`, or made by `.to(**kw)` with a `dtype` in `kw`.
 `.view(torch.bfloat16)` (or `.view(dtype)` of a name that holds a dtype: a parameter annotated
 `torch.dtype`, one named `dtype`) is a reinterpretation of the buffer's bits, reported as well.
+A cast of an operand that arithmetic then combines with other tensors into the gate value
+(`A = A_log.exp().to(x.dtype)`; `g = -A * F.softplus(a + dt_bias)`) is reported once, at the
+arithmetic, where the gate value takes the dtype of its operands; its fix casts every operand to
+float32 instead.
 
 A module cast converts buffers: `Pool(...).to(torch.bfloat16)`, `pool.half()`,
 `model.type(torch.float16)` or `model.to(device, dtype)` on an `nn.Module` of the module that
@@ -58,11 +63,15 @@ an annotated parameter (`model: KimiModel`), `self` or `self.model`. A part that
 installs after construction (`for block in self.layers: block.attention.kv_cache = Cache(...)` in
 `setup_caches`) counts once that method has been called on the instance. A module of no known
 class counts too when the module or the project has gate-buffer classes: `model: nn.Module` cast
-by a precision wrapper, or `self` cast in a mixin or base class of a gate-buffer class. A copy
-(`copy.deepcopy(pool)`) is an instance of its original's class, and a loop that casts every
-buffer (`for name, buf in model.named_buffers(): buf.data = buf.data.to(dtype)`, or `buf =
-buf.to(dtype)` on its way elsewhere, also under an `if buf.is_floating_point():`) is the module
-cast written out; it is reported at the cast in the
+by a precision wrapper, the result of a builder annotated `-> nn.Module` that is given no module,
+or `self` cast in a mixin or base class of a gate-buffer class; so does a model of any class that
+the casting function hands a gate-buffer submodule (`draft.replay_cache = ReplayCache(...)`),
+and an element of a list of gate-buffer modules, held directly or returned by a property
+(`for cache in self.kv_cache`). A copy (`copy.deepcopy(pool)`) is an instance of its original's
+class, and a loop that casts every buffer (`for name, buf in model.named_buffers(): buf.data =
+buf.data.to(dtype)`, `buf = buf.to(dtype)` or `out[name] = buf.detach().cpu().type_as(x)` on its
+way elsewhere, also under an `if buf.is_floating_point():`) is the module cast written out; it is
+reported at the cast in the
 loop, without a fix (the guard would go before the loop). A loop over `parameters()` leaves the
 buffers alone. The cast
 is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
@@ -306,12 +315,38 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             """,
             message_contains="`.view(dtype)`, which reinterprets",
         ),
+        Invalid(
+            """
+            import torch
+            import torch.nn.functional as F
+
+            def draft_step(attn, hidden):
+                # weights cast to the activation dtype: the product is computed in it
+                A = attn.A_log.exp().to(hidden.dtype)
+                dt_bias = attn.dt_bias.to(hidden.dtype)
+                g = -A[:, None] * F.softplus(attn.f_proj(hidden) + dt_bias)
+                attn.g_cache = g
+            """,
+            expected_fix="""
+            import torch
+            import torch.nn.functional as F
+
+            def draft_step(attn, hidden):
+                # weights cast to the activation dtype: the product is computed in it
+                A = attn.A_log.exp().to(torch.float32)
+                dt_bias = attn.dt_bias.to(torch.float32)
+                g = -A[:, None] * F.softplus(attn.f_proj(hidden) + dt_bias)
+                attn.g_cache = g
+            """,
+            message_contains="is computed by arithmetic that gives it the dtype of its operands",
+        ),
         *MODULE_CAST_INVALID,
     )
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         self._module_casts: ModuleCasts | None = None
+        self._combined: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
         if method_name(node) not in _MODULE_CAST_METHODS:
@@ -330,6 +365,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             self.report(found[0], found[1])
 
     def check_binding(self, binding: GateCacheBinding) -> None:
+        combined: dict[int, list[tuple[TensorFact, FixDraft | None]]] = {}
         for fact in self.facts(binding):
             if fact.kind is not Kind.CAST:
                 continue
@@ -347,9 +383,66 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                 if reinterpreted
                 else self.fix_for(binding, fact, fact.target, message, Applicability.SAFE)
             )
+            if _combined_at(fact) is not None:  # `g = -A * softplus(a)` of a cast `A`
+                combined.setdefault(id(_combined_at(fact)), []).append((fact, fix))
+                continue
             self.report(
                 fact.node,
                 f"{self.subject(binding)} is cast to {target} by {fact.detail}"
                 f"{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+        for key, casts in combined.items():
+            if key not in self._combined:
+                self._combined.add(key)
+                self._report_combined(binding, casts)
+
+    def _report_combined(
+        self, binding: GateCacheBinding, casts: list[tuple[TensorFact, FixDraft | None]]
+    ) -> None:
+        """One finding where arithmetic combines cast operands into the gate value, with the fix
+        of every cast (float32 operands give a float32 result)."""
+        first = casts[0][0]
+        node = _combined_at(first)
+        assert node is not None
+        literals = sorted({d for fact, _ in casts for d in fact.non_float32_literals})
+        target = (
+            literal_names(tuple(literals)) if literals else "a dtype that is not provably float32"
+        )
+        shown = " and ".join(dict.fromkeys(f"{fact.detail}" for fact, _ in casts))
+        fixes = [fix for _, fix in casts]
+        fix = None
+        if all(f is not None for f in fixes):
+            edits = tuple(edit for f in fixes if f is not None for edit in f.edits)
+            unsafe = any(f is not None and f.applicability is Applicability.UNSAFE for f in fixes)
+            fix = FixDraft(
+                "Cast the operands to float32 instead",
+                edits,
+                Applicability.UNSAFE if unsafe else Applicability.SAFE,
+            )
+        self.report(
+            node,
+            f"{self.subject(binding)} is computed by arithmetic that gives it the dtype of its "
+            f"operands, cast to {target} by {shown}{through(self.context, first)}; {WHY}",
+            fix=fix,
+        )
+
+
+def _combined_at(fact: TensorFact) -> cst.BaseExpression | None:
+    """The arithmetic nearest the cast, on the way to the gate cache, that combines the cast
+    tensor with other tensors (``g = -A[:, None] * F.softplus(a + dt_bias)``): where the gate
+    value takes its dtype. None when the cast value reaches the gate cache as it is (or scaled by
+    a number)."""
+    for binding in reversed(fact.via):
+        value = binding.value
+        if isinstance(value, cst.BinaryOperation) and not (
+            _number(value.left) or _number(value.right)
+        ):
+            return value
+    return None
+
+
+def _number(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.UnaryOperation):
+        return _number(expr.expression)
+    return isinstance(expr, (cst.Integer, cst.Float, cst.Imaginary))

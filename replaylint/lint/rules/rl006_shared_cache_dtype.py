@@ -90,7 +90,11 @@ A helper that allocates one tensor per key of the mapping it is given, all in on
 key (a literal, `{**shapes, "g_cache": shape}`, a local or attribute bound to one, a function or
 method of the module returning one). So is a record whose fields, the gate cache's among them, are
 filled from one `*` comprehension (`Rings(*(torch.zeros(s, dtype=dtype) for s in shapes))`,
-or `Rings(*parts, pos=pos)` with `parts` bound to one; keywords fill their own fields).
+or `Rings(*parts, pos=pos)` with `parts` bound to one; keywords fill their own fields). A dtype
+table made by `dict.fromkeys(RINGS, dtype)` (or spread into a dict literal,
+`{**dict.fromkeys(RINGS, dtype), "write_pos": torch.int32}`) whose names include a gate cache's is
+reported at its value, once, unless a later key or a write of the gate entry in the same scope sets
+it apart; the loops that allocate from it are not reported again.
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
@@ -109,6 +113,9 @@ unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`
 `device` given) is made again on the next line,
 `g_cache = torch.zeros_like(g_cache, dtype=torch.float32)`: same shape, device and values, float32.
 That fix is **unsafe**: for a moment the gate ring is allocated twice.
+A `dict.fromkeys` table gets a float32 gate entry after the shared ones (`{**dict.fromkeys(RINGS,
+dtype), "g_cache": torch.float32}`), which leaves every other entry and the order of the keys as
+they were (safe).
 """
     FIX_APPLICABILITY = Applicability.SAFE
 
