@@ -71,3 +71,28 @@ def test_fields_of_records_a_function_of_another_module_returns(tmp_path: Path) 
         + textwrap.dedent(_POOL),
     }
     assert _rows(lint_in_project(tmp_path, files, "pkg/pool.py")) == [(20, "RL002")]
+
+
+def test_attributes_made_from_each_other_end_the_search(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/config.py": _POLICY,
+        "pkg/pool.py": """
+            import torch
+
+            from .config import cache_dtypes
+
+            class Pool:
+                def __init__(self):
+                    self.a = self.b.float()
+                    self.b = self.a.half()
+                    self.c = self.c.float()
+
+                def alloc(self, n):
+                    g_cache = torch.zeros(n, dtype=self.a.dtype)
+                    g2_cache = torch.zeros(n, dtype=self.c.dtype)
+                    return g_cache, g2_cache
+            """,
+    }
+    # answered, not lost to the recursion limit
+    assert _rows(lint_in_project(tmp_path, files, "pkg/pool.py")) == [(12, "RL002")]

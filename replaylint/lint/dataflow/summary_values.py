@@ -91,7 +91,15 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
         values = list(instance_values(prov, owner, expr.attr.value))
         if len(values) != 1 or not isinstance(values[0][0], cst.Call):
             return None
-        made = as_value(prov, values[0][0], values[0][1], env)
+        reading: set[tuple[int, str]] = prov.index.memo.setdefault(_READING, set())
+        key = (id(owner), expr.attr.value)
+        if key in reading:
+            return None  # `self.x = self.x.float()`, or a cycle through other attributes
+        reading.add(key)
+        try:
+            made = as_value(prov, values[0][0], values[0][1], env)
+        finally:
+            reading.discard(key)
         return None if made is None else ["__bound__", made]
     if not isinstance(expr, cst.Name):
         return None
@@ -131,3 +139,6 @@ def _self_attribute(expr: cst.BaseExpression) -> bool:
         and isinstance(expr.value, cst.Name)
         and expr.value.value == "self"
     )
+
+
+_READING = ("attributes of self being read", 0)
