@@ -202,3 +202,56 @@ def test_export_loops_that_cast_every_buffer() -> None:
     findings = _check(source)
     assert _rows(findings) == [14, 20]
     assert "`buf.detach().type_as(like)` over `ring.named_buffers()`" in findings[1].message
+
+
+def test_export_comprehensions_that_cast_every_buffer() -> None:
+    source = (
+        _CACHE
+        + """
+    def export(ring: Ring, dtype):
+        return {
+            name: buf.detach().to(dtype, copy=True) if buf.is_floating_point() else buf.clone()
+            for name, buf in ring.named_buffers()
+        }
+
+    def halves(ring: Ring):
+        return [buf.half() for buf in ring.buffers()]
+
+    def export_rings(ring: Ring, dtype):
+        # the gate buffer is left out
+        return {n: b.to(dtype) for n, b in ring.named_buffers() if n != "g_cache"}
+
+    def moved(ring: Ring):
+        return {n: b.cpu() for n, b in ring.named_buffers()}
+    """
+    )
+    findings = _check(source)
+    assert _rows(findings) == [13, 18]
+    assert "over `ring.named_buffers()`" in findings[0].message
+
+
+def test_a_state_dict_cast_and_assigned_to_a_module() -> None:
+    source = (
+        _CACHE
+        + """
+    def load(ring: Ring, state_dict, dtype):
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+        ring.load_state_dict(state_dict, assign=True)
+
+    def load_inline(ring: Ring, state_dict):
+        ring.load_state_dict({k: v.half() for k, v in state_dict.items()}, strict=False, assign=True)
+
+    def load_copied(ring: Ring, state_dict, dtype):
+        # copied into the module's own float32 buffers: their dtypes stay
+        state_dict = {k: v.to(dtype) for k, v in state_dict.items()}
+        ring.load_state_dict(state_dict)
+
+    def load_moved(ring: Ring, state_dict):
+        ring.load_state_dict({k: v.cpu() for k, v in state_dict.items()}, assign=True)
+    """
+    )
+    findings = _check(source)
+    assert _rows(findings) == [13, 16]
+    assert (
+        "`ring.load_state_dict(..., assign=True)`, which takes the tensors" in findings[0].message
+    )

@@ -2,7 +2,10 @@
 buf.data.half()``, loops over ``named_buffers()`` that put each one back cast
 (``setattr(model, name, buf.to(dtype))``), and loops that cast each one on its way elsewhere
 (``buf = buf.to(dtype)`` before it is exported, ``state[name] = buf.detach().cpu().to(dtype)``,
-``.type_as(other)``). RL004 reports them like ``model.half()``."""
+``.type_as(other)``), and comprehensions that do the same (``{name: buf.to(dtype) for name, buf
+in model.named_buffers()}``); so does ``model.load_state_dict(sd, assign=True)`` of a state dict
+whose every value was cast (``{k: v.to(dtype) for k, v in sd.items()}``), which makes the cast
+tensors the module's own. RL004 reports them like ``model.half()``."""
 
 from __future__ import annotations
 
@@ -96,6 +99,56 @@ def as_module_cast(owner: cst.BaseExpression, cast: cst.Call) -> cst.Call:
         dtype = cst.Attribute(cast.args[0].value, cst.Name("dtype"))
         return cst.Call(cst.Attribute(owner, cst.Name("to")), [cst.Arg(dtype)])
     return cst.Call(cst.Attribute(owner, cast.func.attr), cast.args)
+
+
+def buffer_comprehension_cast(
+    comprehension: cst.DictComp | cst.ListComp | cst.GeneratorExp,
+) -> tuple[cst.BaseExpression, cst.Call] | None:
+    """The module and the cast of ``{name: buf.to(dtype) for name, buf in
+    module.named_buffers()}`` (a list or generator of ``buf.half()`` over ``module.buffers()``
+    too; a conditional value casts in either branch), unless a filter may leave the gate
+    buffer out (``if name != "g_cache"``)."""
+    for_in = comprehension.for_in
+    iterable = for_in.iter
+    if for_in.inner_for_in is not None or not (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value in _BUFFER_LISTS
+    ):
+        return None
+    if any(_excludes(test.test) for test in for_in.ifs):
+        return None
+    target: cst.BaseExpression = for_in.target
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        target = target.elements[1].value
+    if not isinstance(target, cst.Name):
+        return None
+    value = comprehension.value if isinstance(comprehension, cst.DictComp) else comprehension.elt
+    for branch in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
+        cast = _cast_of(branch, target.value)
+        if cast is not None:
+            return iterable.func.value, cast
+    return None
+
+
+def state_dict_cast(comprehension: cst.DictComp) -> cst.Call | None:
+    """The cast of every value of ``{k: v.to(dtype) if v.is_floating_point() else v for k, v in
+    state_dict.items()}``; None when it leaves entries out or casts none."""
+    for_in = comprehension.for_in
+    target = for_in.target
+    if for_in.inner_for_in is not None or any(_excludes(test.test) for test in for_in.ifs):
+        return None
+    if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+        return None
+    value_name = target.elements[1].value
+    if not isinstance(value_name, cst.Name):
+        return None
+    value = comprehension.value
+    for branch in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
+        cast = _cast_of(branch, value_name.value)
+        if cast is not None:
+            return cast
+    return None
 
 
 def _put_back(statement: cst.BaseSmallStatement, key: str | None) -> cst.BaseExpression | None:

@@ -31,8 +31,12 @@ from replaylint.lint.dataflow.submodules import (
 from replaylint.lint.dataflow.unknown_modules import chain_root, unknown_module
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.guard import protect_before_cast
-from replaylint.lint.rules.base import Invalid, Valid
-from replaylint.lint.rules.buffer_loops import as_module_cast, buffer_loop_cast
+from replaylint.lint.rules.buffer_loops import (
+    as_module_cast,
+    buffer_comprehension_cast,
+    buffer_loop_cast,
+    state_dict_cast,
+)
 from replaylint.lint.rules.wording import (
     given_holder_cast_message,
     imported_cast_message,
@@ -104,11 +108,16 @@ class ModuleCasts:
             return ModuleCastFinding(message, protect_before_cast(module, call, given.buffer))
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
 
-    def buffer_loop_finding(self, loop: cst.For, site: Site) -> tuple[cst.Call, str] | None:
+    def buffer_loop_finding(
+        self, loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp, site: Site
+    ) -> tuple[cst.Call, str] | None:
         """``for buf in model.buffers(): buf.data = buf.data.half()`` (or ``named_buffers()``,
-        ``.to(dtype)``): the cast of every buffer of ``model``, reported like ``model.half()``
-        at the cast in the loop, without a fix (a guard would go before the loop)."""
-        found = buffer_loop_cast(loop)
+        ``.to(dtype)``, a comprehension of casts): the cast of every buffer of ``model``,
+        reported like ``model.half()`` at the cast in the loop, without a fix (a guard would go
+        before the loop)."""
+        found = (
+            buffer_loop_cast(loop) if isinstance(loop, cst.For) else buffer_comprehension_cast(loop)
+        )
         if found is None:
             return None
         owner, cast = found
@@ -118,8 +127,49 @@ class ModuleCasts:
             return None
         module = self._context.module
         written = f"`{one_line(module, whole)}`"
-        loop_text = f"`{one_line(module, cast)}` over `{one_line(module, loop.iter)}`"
+        iterable = loop.iter if isinstance(loop, cst.For) else loop.for_in.iter
+        loop_text = f"`{one_line(module, cast)}` over `{one_line(module, iterable)}`"
         return cast, finding.message.replace(written, loop_text, 1)
+
+    def assigned_state_finding(self, call: cst.Call, site: Site) -> tuple[cst.Call, str] | None:
+        """``model.load_state_dict(sd, assign=True)`` with ``sd`` a dict comprehension (or a
+        local bound once to one) that casts every value: the cast tensors become the module's
+        buffers, reported like the cast of ``model``."""
+        if not (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "load_state_dict"
+            and any(
+                a.keyword is not None
+                and a.keyword.value == "assign"
+                and isinstance(a.value, cst.Name)
+                and a.value.value == "True"
+                for a in call.args
+            )
+            and call.args
+            and call.args[0].keyword is None
+        ):
+            return None
+        state: cst.BaseExpression | None = call.args[0].value
+        where = site
+        if isinstance(state, cst.Name):
+            found = self._prov.lookup(state.value, site)
+            if not found or len(found) != 1 or found[0][0].kind != "assign":
+                return None
+            state, where = found[0][0].value, found[0][1]
+        cast = state_dict_cast(state) if isinstance(state, cst.DictComp) else None
+        if cast is None:
+            return None
+        whole = as_module_cast(call.func.value, cast)
+        finding = self.finding(whole, where)
+        if finding is None:
+            return None
+        module = self._context.module
+        line = self._context.line_of(cast)
+        taken = (
+            f"`{one_line(module, call.func)}(..., assign=True)`, which takes the tensors of a state "
+            f"dict cast by `{one_line(module, cast)}` (line {line}) as the module's own,"
+        )
+        return call, finding.message.replace(f"`{one_line(module, whole)}`", taken, 1)
 
     def _unknown_class(
         self,
@@ -167,411 +217,3 @@ class ModuleCasts:
                 bases |= self._index.holder_bases
             self._bases = frozenset(bases)
         return self._bases
-
-
-# RL004's examples of module casts (its docs and tests, with the rest of its examples)
-MODULE_CAST_VALID: tuple[Valid, ...] = (
-    Valid(
-        """
-        import torch
-        from torch import nn
-
-        class Attention(nn.Module):
-            def __init__(self, dim):
-                super().__init__()
-                self.proj = nn.Linear(dim, dim)
-
-            def setup_cache(self, slots, ring_len):
-                # made after the cast below: float32 as allocated
-                self.register_buffer("g_cache", torch.zeros(slots, ring_len, dtype=torch.float32))
-
-        def build(dim, slots, ring_len):
-            model = Attention(dim).to(torch.bfloat16)  # no gate buffer yet
-            model.setup_cache(slots, ring_len)
-            return model
-        """
-    ),
-    Valid(
-        """
-        import torch
-        from torch import nn
-
-        class ReplayPool(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.proj = nn.Linear(4, 4)
-                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-
-        def to_serving_dtype(pool, dtype):
-            # parameters only: the gate buffer keeps float32
-            for param in pool.parameters():
-                param.data = param.data.to(dtype)
-            return pool
-        """
-    ),
-    Valid(
-        """
-        import torch
-        from torch import nn
-        from replaylint.guards import keep_fp32_gate_caches
-
-        class Ring(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-                self.register_buffer("slot_ids", torch.zeros(shape[0], dtype=torch.long))
-
-        @keep_fp32_gate_caches
-        class GuardedRing(Ring):
-            pass
-
-        def load(shape, device):
-            # a device move, a float32 cast, a guarded class: the gate buffer stays float32
-            ring = Ring(shape).to(device)
-            ring.float()
-            return GuardedRing(shape).to(device, torch.bfloat16)
-        """
-    ),
-    Valid(
-        """
-        import torch
-        from torch import nn
-
-        _GATE_DTYPE = torch.float
-
-        def gate_dtype():
-            return _GATE_DTYPE
-
-        class Ring(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-
-            def _apply(self, fn, recurse=True):
-                # the class decides what a module cast does: it keeps its gate ring
-                g_cache = self.g_cache
-                super()._apply(fn, recurse)
-                self.g_cache = g_cache.to(device=self.g_cache.device)
-                return self
-
-        def snapshot(shape, saved):
-            # a helper of the module that returns float32
-            g_cache = saved.clone().to(dtype=gate_dtype())
-            return Ring(shape).to(torch.bfloat16), g_cache
-        """
-    ),
-    Valid(
-        """
-        import torch
-        from torch import nn
-        from replaylint.guards import keep_fp32_gate_caches
-
-        class KimiDeltaAttention(nn.Module):
-            def __init__(self, config, layer_idx):
-                super().__init__()
-                self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-        class KimiModel(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.layers = nn.ModuleList(
-                    [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                )
-
-        class KimiModelFp32Gates(KimiModel):
-            def _apply(self, fn, recurse=True):
-                # puts every layer's gate ring back to float32 after the cast
-                super()._apply(fn, recurse)
-                for layer in self.layers:
-                    layer.replay_g_cache = layer.replay_g_cache.float()
-                return self
-
-        def load(config, device):
-            # a device move, a float64 cast, a class and an instance that keep float32
-            KimiModel(config).to(device).double()
-            KimiModelFp32Gates(config).to(torch.bfloat16)
-            model = KimiModel(config).half()
-            return keep_fp32_gate_caches(model)
-        """
-    ),
-    Valid(
-        """
-        import torch
-        from torch import nn
-
-        class KDAMixer(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
-
-        def for_inference(model):
-            # the gate buffers go back to float32 right after the cast
-            for module in model.modules():
-                if isinstance(module, KDAMixer):
-                    module.g_cache = module.g_cache.float()
-            return model
-
-        def serve(model: nn.Module):
-            return for_inference(model.to(torch.bfloat16))
-        """
-    ),
-)
-MODULE_CAST_INVALID: tuple[Invalid, ...] = (
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class Ring(nn.Module):
-            def __init__(self, n):
-                super().__init__()
-                self.register_buffer("d_cache", torch.zeros(n))
-                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
-
-        def export(ring: Ring, dtype=None):
-            # every floating buffer narrowed for the transfer, the gate ring's too
-            tensors = {}
-            for name, buf in ring.named_buffers():
-                if dtype is not None and buf.is_floating_point():
-                    buf = buf.to(dtype)
-                tensors[name] = buf
-            return tensors
-        """,
-        message_contains="`buf.to(dtype)` over `ring.named_buffers()` casts every floating buffer",
-    ),
-    Invalid(
-        """
-        import copy
-
-        import torch
-        from torch import nn
-
-        class ReplayPool(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
-
-        def serving_copy(shape, dtype):
-            # casting every buffer in a loop is the module cast written out
-            replica = copy.deepcopy(ReplayPool(shape))
-            for name, buf in replica.named_buffers():
-                if buf.is_floating_point():
-                    buf.data = buf.data.to(dtype)
-            return replica
-        """,
-        message_contains="over `replica.named_buffers()` casts every floating buffer",
-    ),
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class MambaPool(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
-
-        def build(shape, device):
-            # the module cast converts the float32 gate buffer: reported where it is cast
-            pool = MambaPool(shape).to(device)
-            pool.to(device, torch.bfloat16)
-            return pool
-        """,
-        expected_fix="""
-        import replaylint.guards
-        import torch
-        from torch import nn
-
-        class MambaPool(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.register_buffer("ssm_g_cache", torch.zeros(shape, dtype=torch.float32))
-
-        def build(shape, device):
-            # the module cast converts the float32 gate buffer: reported where it is cast
-            pool = MambaPool(shape).to(device)
-            replaylint.guards.keep_fp32_gate_caches(pool).to(device, torch.bfloat16)
-            return pool
-        """,
-        message_contains="keep_fp32_gate_caches",
-    ),
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class KimiDeltaCache(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
-
-        def build(shape):
-            return KimiDeltaCache(shape).half()
-        """,
-        expected_fix="""
-        import replaylint.guards
-        import torch
-        from torch import nn
-
-        class KimiDeltaCache(nn.Module):
-            def __init__(self, shape):
-                super().__init__()
-                self.g_cache = nn.Buffer(torch.zeros(shape, dtype=torch.float32))
-
-        def build(shape):
-            return replaylint.guards.keep_fp32_gate_caches(KimiDeltaCache(shape)).half()
-        """,
-        message_contains="registered on line 7",
-    ),
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class KimiDeltaAttention(nn.Module):
-            def __init__(self, config, layer_idx):
-                super().__init__()
-                self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-        class KimiModel(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.layers = nn.ModuleList(
-                    [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                )
-
-        def load(config):
-            # the cast recurses into every layer: reported with the path to the buffer
-            model = KimiModel(config)
-            model = model.to(torch.bfloat16)
-            return model
-        """,
-        expected_fix="""
-        import replaylint.guards
-        import torch
-        from torch import nn
-
-        class KimiDeltaAttention(nn.Module):
-            def __init__(self, config, layer_idx):
-                super().__init__()
-                self.register_buffer("replay_g_cache", torch.zeros(4, dtype=torch.float32))
-
-        class KimiModel(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.layers = nn.ModuleList(
-                    [KimiDeltaAttention(config, i) for i in range(config.num_layers)]
-                )
-
-        def load(config):
-            # the cast recurses into every layer: reported with the path to the buffer
-            model = KimiModel(config)
-            model = replaylint.guards.keep_fp32_gate_caches(model).to(torch.bfloat16)
-            return model
-        """,
-        message_contains="`model.to(torch.bfloat16)` casts the gate buffer `replay_g_cache` "
-        "of `KimiDeltaAttention` (registered on line 7), held by `KimiModel.layers`",
-    ),
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class KDAMixer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
-
-        class DecoderLayer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.mixer = KDAMixer(config)
-
-        class KimiForCausalLM(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                for i in range(config.num_layers):
-                    self.add_module(f"layer{i}", DecoderLayer(config))
-
-            @classmethod
-            def from_config(cls, config):
-                return cls(config)
-
-        def to_model_dtype(model: KimiForCausalLM, config):
-            model.to(config.torch_dtype)
-
-        def fp16_inference(config):
-            return KimiForCausalLM.from_config(config).half()
-        """,
-        expected_fix="""
-        import replaylint.guards
-        import torch
-        from torch import nn
-
-        class KDAMixer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.g_cache = nn.Buffer(torch.zeros(4, dtype=torch.float32))
-
-        class DecoderLayer(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                self.mixer = KDAMixer(config)
-
-        class KimiForCausalLM(nn.Module):
-            def __init__(self, config):
-                super().__init__()
-                for i in range(config.num_layers):
-                    self.add_module(f"layer{i}", DecoderLayer(config))
-
-            @classmethod
-            def from_config(cls, config):
-                return cls(config)
-
-        def to_model_dtype(model: KimiForCausalLM, config):
-            replaylint.guards.keep_fp32_gate_caches(model).to(config.torch_dtype)
-
-        def fp16_inference(config):
-            return replaylint.guards.keep_fp32_gate_caches(KimiForCausalLM.from_config(config)).half()
-        """,
-        message_contains="held by `DecoderLayer.mixer`, itself held by `KimiForCausalLM.layer{i}`",
-    ),
-    Invalid(
-        """
-        import torch
-        from torch import nn
-
-        class KDAMixer(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
-
-        class NaiveMixedPrecision:
-            def __init__(self, dtype=torch.float16):
-                self.dtype = dtype
-
-            def configure(self, model: nn.Module):
-                # any module: a model holding KDAMixer layers loses their float32 gate buffers
-                return model.to(dtype=self.dtype)
-        """,
-        expected_fix="""
-        import replaylint.guards
-        import torch
-        from torch import nn
-
-        class KDAMixer(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
-
-        class NaiveMixedPrecision:
-            def __init__(self, dtype=torch.float16):
-                self.dtype = dtype
-
-            def configure(self, model: nn.Module):
-                # any module: a model holding KDAMixer layers loses their float32 gate buffers
-                return replaylint.guards.keep_fp32_gate_caches(model).to(dtype=self.dtype)
-        """,
-        message_contains="a module whose class is not known here",
-    ),
-)

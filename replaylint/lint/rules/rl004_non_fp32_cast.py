@@ -10,7 +10,8 @@ from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.module_casts import MODULE_CAST_INVALID, MODULE_CAST_VALID, ModuleCasts
+from replaylint.lint.rules.module_cast_examples import MODULE_CAST_INVALID, MODULE_CAST_VALID
+from replaylint.lint.rules.module_casts import ModuleCasts
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
@@ -70,9 +71,11 @@ and an element of a list of gate-buffer modules, held directly or returned by a 
 (`for cache in self.kv_cache`). A copy (`copy.deepcopy(pool)`) is an instance of its original's
 class, and a loop that casts every buffer (`for name, buf in model.named_buffers(): buf.data =
 buf.data.to(dtype)`, `buf = buf.to(dtype)` or `out[name] = buf.detach().cpu().type_as(x)` on its
-way elsewhere, also under an `if buf.is_floating_point():`) is the module cast written out; it is
-reported at the cast in the
-loop, without a fix (the guard would go before the loop). A loop over `parameters()` leaves the
+way elsewhere, also under an `if buf.is_floating_point():`, or a comprehension of such casts) is
+the module cast written out, and so is `model.load_state_dict(sd, assign=True)` of a state dict
+whose every value was cast (`{k: v.to(dtype) for k, v in sd.items()}`: `assign=True` makes the
+cast tensors the module's own; without it they are copied into the float32 buffers). A loop is
+reported at its cast and a load at the call, without a fix (the guard would go before them). A loop over `parameters()` leaves the
 buffers alone. The cast
 is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
 buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
@@ -349,15 +352,33 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         self._combined: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
-        if method_name(node) not in _MODULE_CAST_METHODS:
+        method = method_name(node)
+        if method not in _MODULE_CAST_METHODS and method != "load_state_dict":
             return
         if self._module_casts is None:
             self._module_casts = ModuleCasts(self.context, self.provenance)
+        if method == "load_state_dict":
+            taken = self._module_casts.assigned_state_finding(node, self.site())
+            if taken is not None:
+                self.report(taken[0], taken[1])
+            return
         found = self._module_casts.finding(node, self.site())
         if found is not None:
             self.report(node, found.message, fix=found.fix)
 
     def visit_For(self, node: cst.For) -> None:
+        self._buffer_loop(node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._buffer_loop(node)
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._buffer_loop(node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._buffer_loop(node)
+
+    def _buffer_loop(self, node: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp) -> None:
         if self._module_casts is None:
             self._module_casts = ModuleCasts(self.context, self.provenance)
         found = self._module_casts.buffer_loop_finding(node, self.site())
