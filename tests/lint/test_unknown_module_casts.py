@@ -150,8 +150,11 @@ def test_a_cast_of_self_in_a_mixin_of_a_gate_buffer_class_is_reported(tmp_path: 
             True,
         ),
         ("model = Transformer.from_name(name)\n    return model.half()", False),
+        # handed in: its setup method may have run before
+        ("model = Transformer.from_name(name)\n    model.eval()\n    return model.half()", False),
+        ("return merge(name)\n\n\ndef merge(model: Transformer):\n    return model.half()", True),
     ],
-    ids=["after-setup", "before-setup"],
+    ids=["after-setup", "before-setup", "other-method", "parameter"],
 )
 def test_parts_a_setup_method_installs_count_once_it_has_run(
     tmp_path: Path, body: str, reported: bool

@@ -78,7 +78,9 @@ def imported_gate_buffer(
         found = _instance(prov, receiver, site, 0)
         if found is None:
             return None
-        called = methods_called(receiver, site)
+        # a module made in this scope holds what its methods called here install; one handed in
+        # (a parameter, an attribute) may have had any of them run
+        called = methods_called(receiver, site) if _made_in_scope(prov, receiver, site) else None
         fresh = constructed_here(
             prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
         )
@@ -87,6 +89,20 @@ def imported_gate_buffer(
         )
     except MALFORMED:
         return None
+
+
+def _made_in_scope(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:
+    """Whether ``receiver`` is a call or a local every binding of which this scope assigns."""
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        if receiver.func.attr.value not in MODULE_CHAIN:
+            return True  # `Transformer.from_name(name)`, `build()`: made by the call
+        receiver = receiver.func.value
+    if isinstance(receiver, cst.Call):
+        return True
+    if not isinstance(receiver, cst.Name):
+        return False
+    found = prov.lookup(receiver.value, site)
+    return bool(found) and all(binding.kind == "assign" for binding, _ in found or ())
 
 
 def imported_class(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> Found | None:

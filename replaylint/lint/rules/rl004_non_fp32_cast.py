@@ -62,7 +62,8 @@ at any depth. The model may be built directly, by `cls(...)` in a classmethod
 (`KimiModel.from_pretrained(...)`), by a factory function or method of the module, or come in as
 an annotated parameter (`model: KimiModel`), `self` or `self.model`. A part that a setup method
 installs after construction (`for block in self.layers: block.attention.kv_cache = Cache(...)` in
-`setup_caches`) counts once that method has been called on the instance. A module of no known
+`setup_caches`) counts once that method has been called on an instance made in the casting
+scope, and always for one handed in (a parameter, an attribute), whose setup may have run. A module of no known
 class counts too when the module or the project has gate-buffer classes: `model: nn.Module` cast
 by a precision wrapper, the result of a builder annotated `-> nn.Module` that is given no module,
 or `self` cast in a mixin or base class of a gate-buffer class; so does a model of any class that
