@@ -97,8 +97,8 @@ def _entry(prov: Provenance, mapping: cst.Dict, key: str, site: Site) -> cst.Bas
             if literal_string(element.key) == key:
                 return element.value
             continue
-        keys = _fromkeys(element.value)
-        names = None if keys is None else _names(prov, keys[0], site)
+        keys = fromkeys_parts(element.value)
+        names = None if keys is None else listed_names(prov, keys[0], site)
         if keys is None or names is None:
             return None  # `**other`: it may set `key`
         if key in names:
@@ -111,13 +111,13 @@ def _shared_entry(
 ) -> cst.BaseExpression | None:
     """``v`` of ``dict.fromkeys(keys, v)`` when ``key`` is one of ``keys`` (a literal collection,
     a constant, a class constant of the project)."""
-    keys = _fromkeys(call)
-    if keys is None or key not in (_names(prov, keys[0], site) or ()):
+    keys = fromkeys_parts(call)
+    if keys is None or key not in (listed_names(prov, keys[0], site) or ()):
         return None
     return keys[1]
 
 
-def _fromkeys(
+def fromkeys_parts(
     expr: cst.BaseExpression,
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """``(keys, v)`` of ``dict.fromkeys(keys, v)``."""
@@ -134,11 +134,13 @@ def _fromkeys(
     return expr.args[0].value, expr.args[1].value
 
 
-def _names(prov: Provenance, keys: cst.BaseExpression, site: Site) -> set[str] | None:
+def listed_names(prov: Provenance, keys: cst.BaseExpression, site: Site) -> list[str] | None:
+    """The strings the collection ``keys`` lists, in order (a literal, a constant, a class
+    constant of the project); None when it is no such collection."""
     envs = strings.iterations(prov, _KEY, keys, site)
     if envs is None:
         return None
-    return {name for env in envs if isinstance(name := env.get(_KEY.value), str)}
+    return [name for env in envs if isinstance(name := env.get(_KEY.value), str)]
 
 
 _KEY = cst.Name("key")

@@ -26,6 +26,7 @@ from replaylint.lint.dataflow.instances import (
     INHERITED_CONSTRUCTORS,
     MODULE_CHAIN,
     annotated_name,
+    chain_root,
     wrapped_class,
 )
 from replaylint.lint.dataflow.new_instances import constructed_here, methods_called
@@ -41,7 +42,12 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import decorated, dotted_name, plain_element
+from replaylint.lint.syntax.nodes import (
+    dotted_name,
+    plain_element,
+    properties_named,
+    self_attribute,
+)
 from replaylint.lint.syntax.sites import Site
 
 __all__ = [
@@ -93,12 +99,9 @@ def imported_gate_buffer(
 
 def _made_in_scope(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:
     """Whether ``receiver`` is a call or a local every binding of which this scope assigns."""
-    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
-        if receiver.func.attr.value not in MODULE_CHAIN:
-            return True  # `Transformer.from_name(name)`, `build()`: made by the call
-        receiver = receiver.func.value
+    receiver = chain_root(receiver)
     if isinstance(receiver, cst.Call):
-        return True
+        return True  # `Transformer.from_name(name)`, `build()`: made by the call
     if not isinstance(receiver, cst.Name):
         return False
     found = prov.lookup(receiver.value, site)
@@ -185,7 +188,7 @@ def _instance(
                 classes.append(None)
         if classes and all(c is not None for c in classes):
             return classes[0]
-    if position is None and _on_self(expr) and (holder := site.enclosing_class()) is not None:
+    if position is None and self_attribute(expr) and (holder := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)
         return _attribute_instance(prov, holder, expr.attr.value, depth)
     if position is None and isinstance(expr, cst.Attribute):
@@ -220,7 +223,7 @@ def _element(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int)
         return classes[0] if all(c is not None and c == classes[0] for c in classes) else None
     if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
         return _instance(prov, expr.elt, site, depth + 1)
-    if _on_self(expr) and (holder := site.enclosing_class()) is not None:
+    if self_attribute(expr) and (holder := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)
         return _held_elements(prov, holder, expr.attr.value, depth + 1)
     if not isinstance(expr, cst.Name):
@@ -247,14 +250,7 @@ def _held_elements(prov: Provenance, owner: cst.ClassDef, name: str, depth: int)
         _element(prov, value, where, depth + 1)
         for value, where in instance_values(prov, owner, name)
     ]
-    body = owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ()
-    for method in body:
-        if not (
-            isinstance(method, cst.FunctionDef)
-            and method.name.value == name
-            and decorated(method, "property")
-        ):
-            continue
+    for method in properties_named(owner, name):
         element = wrapped_class(method.returns, "elements") if method.returns else None
         if element is not None:
             classes.append(_class(prov, element, Site((prov.index.module, owner), None)))
@@ -321,14 +317,6 @@ def _loop_source(target: cst.CSTNode, statement: cst.CSTNode) -> cst.BaseExpress
     return None
 
 
-def _on_self(expr: cst.BaseExpression) -> bool:
-    return (
-        isinstance(expr, cst.Attribute)
-        and isinstance(expr.value, cst.Name)
-        and expr.value.value == "self"
-    )
-
-
 def _attribute_instance(
     prov: Provenance, owner: cst.ClassDef, name: str, depth: int
 ) -> Found | None:
@@ -337,12 +325,8 @@ def _attribute_instance(
     (``self.stack = self.stack.to(dtype)``) keeps its class."""
     classes: list[Found | None] = []
     for value, where in instance_values(prov, owner, name):
-        root = value
-        while isinstance(root, cst.Call) and isinstance(root.func, cst.Attribute):
-            if root.func.attr.value not in MODULE_CHAIN:
-                break
-            root = root.func.value
-        if _on_self(root) and isinstance(root, cst.Attribute) and root.attr.value == name:
+        root = chain_root(value)
+        if self_attribute(root) and isinstance(root, cst.Attribute) and root.attr.value == name:
             continue
         classes.append(_instance(prov, value, where, depth + 1))
     first = classes[0] if classes else None

@@ -40,6 +40,7 @@ from replaylint.lint.syntax.nodes import (
     dotted_name,
     literal_string,
     plain_element,
+    properties_named,
 )
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
@@ -57,6 +58,17 @@ _CONTAINERS = frozenset(
 )
 # constructors a model class inherits from its library (transformers): they return `cls(...)`
 INHERITED_CONSTRUCTORS = frozenset({"from_pretrained", "from_config", "_from_config"})
+
+
+def chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``model.cuda().eval()`` -> ``model``: the module a chain of module methods runs on."""
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in MODULE_CHAIN
+    ):
+        expr = expr.func.value
+    return expr
 
 
 # ---------------------------------------------------------------- what a value holds (may)
@@ -288,13 +300,7 @@ class _Resolver:
     def _property_elements(self, cls: cst.ClassDef, name: str, depth: int) -> Iterator[Names]:
         """The module classes of the elements the property ``name`` of ``cls`` returns
         (``-> List[Cache]``, or a list it returns)."""
-        for method in cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ():
-            if not (
-                isinstance(method, cst.FunctionDef)
-                and method.name.value == name
-                and decorated(method, "property")
-            ):
-                continue
+        for method in properties_named(cls, name):
             element = wrapped_class(method.returns, "elements") if method.returns else None
             held = self.classes.by_name.get(dotted_name(element) or "") if element else None
             if held is not None:

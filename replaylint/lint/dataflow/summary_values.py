@@ -14,7 +14,7 @@ from replaylint.lint.dataflow.kwargs import table_call
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.project.summaries import Value
-from replaylint.lint.syntax.nodes import positional_args
+from replaylint.lint.syntax.nodes import positional_args, self_attribute
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
     with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``)."""
     if isinstance(expr, cst.Call):
         return as_value(prov, expr, site, env)
-    if _self_attribute(expr) and (owner := site.enclosing_class()) is not None:
+    if self_attribute(expr) and (owner := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)  # `self.dtypes = cache_dtypes(...)`, set once
         values = list(instance_values(prov, owner, expr.attr.value))
         if len(values) != 1 or not isinstance(values[0][0], cst.Call):
@@ -131,14 +131,6 @@ def _imported_here(prov: Provenance, expr: cst.Name, site: Site, env: Env) -> bo
     """Whether ``expr`` reads an import (not a local that shadows it)."""
     found = prov.lookup(expr.value, site, env)
     return bool(found) and all(binding.kind == "import" for binding, _ in found)  # type: ignore[union-attr]
-
-
-def _self_attribute(expr: cst.BaseExpression) -> bool:
-    return (
-        isinstance(expr, cst.Attribute)
-        and isinstance(expr.value, cst.Name)
-        and expr.value.value == "self"
-    )
 
 
 _READING = ("attributes of self being read", 0)

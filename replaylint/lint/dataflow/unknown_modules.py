@@ -28,7 +28,12 @@ import libcst as cst
 
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.imported_modules import imported_class
-from replaylint.lint.dataflow.instances import MODULE_CHAIN, annotated_name, instance_classes
+from replaylint.lint.dataflow.instances import (
+    MODULE_CHAIN,
+    annotated_name,
+    chain_root,
+    instance_classes,
+)
 from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.syntax.nodes import dotted_name
@@ -95,17 +100,6 @@ def _checked_as_torch_class(prov: Provenance, receiver: cst.BaseExpression, site
             ):
                 return True
     return False
-
-
-def chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``model.cuda().eval()`` -> ``model``."""
-    while (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Attribute)
-        and expr.func.attr.value in MODULE_CHAIN
-    ):
-        expr = expr.func.value
-    return expr
 
 
 def _partly_known(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) -> bool:

@@ -124,11 +124,8 @@ def buffer_comprehension_cast(
     if not isinstance(target, cst.Name):
         return None
     value = comprehension.value if isinstance(comprehension, cst.DictComp) else comprehension.elt
-    for branch in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
-        cast = _cast_of(branch, target.value)
-        if cast is not None:
-            return iterable.func.value, cast
-    return None
+    cast = _cast_in_either(value, target.value)
+    return None if cast is None else (iterable.func.value, cast)
 
 
 def state_dict_cast(comprehension: cst.DictComp) -> cst.Call | None:
@@ -143,9 +140,14 @@ def state_dict_cast(comprehension: cst.DictComp) -> cst.Call | None:
     value_name = target.elements[1].value
     if not isinstance(value_name, cst.Name):
         return None
-    value = comprehension.value
+    return _cast_in_either(comprehension.value, value_name.value)
+
+
+def _cast_in_either(value: cst.BaseExpression, buffer: str) -> cst.Call | None:
+    """The cast of ``buffer`` that ``value`` is, or one branch of it (``buf.to(dtype) if
+    buf.is_floating_point() else buf``)."""
     for branch in (value.body, value.orelse) if isinstance(value, cst.IfExp) else (value,):
-        cast = _cast_of(branch, value_name.value)
+        cast = _cast_of(branch, buffer)
         if cast is not None:
             return cast
     return None

@@ -15,6 +15,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.casts import to_argument_role
+from replaylint.lint.dataflow.containers import fromkeys_parts, listed_names
 from replaylint.lint.dataflow.facts import TensorFact
 from replaylint.lint.dataflow.kwargs import mapping_writes
 from replaylint.lint.dataflow.provenance import Provenance
@@ -25,8 +26,6 @@ from replaylint.lint.rules.wording import WHY, named_gate_cache
 from replaylint.lint.syntax.nodes import literal_string, one_line
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
-
-_KEY = cst.Name("key")
 
 
 def fromkeys_table_findings(
@@ -39,18 +38,22 @@ def fromkeys_table_findings(
     """The findings for ``value``, a ``dict.fromkeys(...)`` call or a dict literal that spreads
     one (``bound_to``: the local it is assigned to, whose later writes count)."""
     found: list[HelperFinding] = []
-    if _fromkeys(value):
-        assert isinstance(value, cst.Call)
-        found.extend(_table(context, prov, value, site, set(), bound_to, value))
+    if isinstance(value, cst.Call) and fromkeys_parts(value):
+        found.extend(_table(context, prov, value, site, set(), bound_to, standalone=True))
     elif isinstance(value, cst.Dict):
         for position, element in enumerate(value.elements):
-            if isinstance(element, cst.StarredDictElement) and _fromkeys(element.value):
-                assert isinstance(element.value, cst.Call)
+            if (
+                isinstance(element, cst.StarredDictElement)
+                and isinstance(element.value, cst.Call)
+                and fromkeys_parts(element.value)
+            ):
                 later = value.elements[position + 1 :]
                 if any(isinstance(e, cst.StarredDictElement) for e in later):
                     continue  # a later spread may set the gate entry
                 keys = {literal_string(e.key) for e in later if isinstance(e, cst.DictElement)}
-                found.extend(_table(context, prov, element.value, site, keys, None, None))
+                found.extend(
+                    _table(context, prov, element.value, site, keys, None, standalone=False)
+                )
     return found
 
 
@@ -61,17 +64,16 @@ def _table(
     site: Site,
     set_apart: set[str | None],
     bound_to: cst.Name | None,
-    alone: cst.Call | None,
+    *,
+    standalone: bool,
 ) -> list[HelperFinding]:
     names_node, shared = call.args[0].value, call.args[1].value
     if to_argument_role(prov, shared, site) != "dtype":
         return []  # `dict.fromkeys(RINGS, 0)`: no dtype table
-    envs = prov.iterations(_KEY, names_node, site)
-    names = [env.get(_KEY.value) for env in envs or ()]
     gates = [
         name
-        for name in names
-        if isinstance(name, str) and context.gate_caches.matches(name) and name not in set_apart
+        for name in listed_names(prov, names_node, site) or ()
+        if context.gate_caches.matches(name) and name not in set_apart
     ]
     if bound_to is not None:
         gates = [name for name in gates if not _written(site, bound_to, name)]
@@ -89,7 +91,7 @@ def _table(
         f"{subject} gets {shown} from `dict.fromkeys({one_line(module, names_node)}, ...)`, "
         f"a dtype table that gives every cache named in it one dtype{judged}; {WHY}"
     )
-    return [HelperFinding(shared, message, _fix(context, call, site, gates, alone))]
+    return [HelperFinding(shared, message, _fix(context, call, site, gates, standalone))]
 
 
 def shared_by_a_table(prov: Provenance, fact: TensorFact) -> bool:
@@ -101,7 +103,7 @@ def shared_by_a_table(prov: Provenance, fact: TensorFact) -> bool:
         values = prov.index.memo[_SHARED_VALUES] = {
             id(node.args[1].value)
             for node in descendants(prov.index.module)
-            if isinstance(node, cst.Call) and _fromkeys(node)
+            if isinstance(node, cst.Call) and fromkeys_parts(node)
         }
     return bool(fact.dtypes) and all(id(dtype.node) in values for dtype in fact.dtypes)
 
@@ -115,31 +117,21 @@ def _written(site: Site, table: cst.Name, key: str) -> bool:
 
 
 def _fix(
-    context: FileContext, call: cst.Call, site: Site, gates: list[str], alone: cst.Call | None
+    context: FileContext, call: cst.Call, site: Site, gates: list[str], standalone: bool
 ) -> FixDraft | None:
+    """``{**dict.fromkeys(...), "g_cache": torch.float32}`` for a table of its own; the gate
+    entry right after the spread in a dict literal that spreads one."""
     torch = context.spelling.torch_at(site)
     if torch is None:
         return None
     spelling = torch.attribute("float32")
     entries = ", ".join(f'"{name}": {spelling}' for name in dict.fromkeys(gates))
     edit: EditDraft
-    if alone is not None:
-        edit = Replace(alone, f"{{**{one_line(context.module, alone, 10_000)}, {entries}}}")
+    if standalone:
+        edit = Replace(call, f"{{**{one_line(context.module, call, 10_000)}, {entries}}}")
     else:
         edit = InsertAfter(call, f", {entries}")
     return FixDraft(f"Give the gate cache a float32 entry ({entries})", (edit,))
-
-
-def _fromkeys(expr: cst.BaseExpression) -> bool:
-    return (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Attribute)
-        and expr.func.attr.value == "fromkeys"
-        and isinstance(expr.func.value, cst.Name)
-        and expr.func.value.value == "dict"
-        and len(expr.args) == 2
-        and not any(arg.star or arg.keyword for arg in expr.args)
-    )
 
 
 # RL006's examples of `dict.fromkeys` tables (its docs and tests, with the rest of its examples)

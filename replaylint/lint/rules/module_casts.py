@@ -19,6 +19,7 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.given_submodules import given_gate_holder
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
+from replaylint.lint.dataflow.instances import chain_root
 from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.recasts import undone_for
@@ -28,7 +29,7 @@ from replaylint.lint.dataflow.submodules import (
     guarded_instance,
     held_module_cast,
 )
-from replaylint.lint.dataflow.unknown_modules import chain_root, unknown_module
+from replaylint.lint.dataflow.unknown_modules import unknown_module
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.guard import protect_before_cast
 from replaylint.lint.rules.buffer_loops import (

@@ -387,7 +387,9 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             self.report(found[0], found[1])
 
     def check_binding(self, binding: GateCacheBinding) -> None:
-        combined: dict[int, list[tuple[TensorFact, FixDraft | None]]] = {}
+        combined: dict[
+            int, tuple[cst.BaseExpression, list[tuple[TensorFact, FixDraft | None]]]
+        ] = {}
         for fact in self.facts(binding):
             if fact.kind is not Kind.CAST:
                 continue
@@ -405,8 +407,9 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                 if reinterpreted
                 else self.fix_for(binding, fact, fact.target, message, Applicability.SAFE)
             )
-            if _combined_at(fact) is not None:  # `g = -A * softplus(a)` of a cast `A`
-                combined.setdefault(id(_combined_at(fact)), []).append((fact, fix))
+            arithmetic = _combined_at(fact)
+            if arithmetic is not None:  # `g = -A * softplus(a)` of a cast `A`
+                combined.setdefault(id(arithmetic), (arithmetic, []))[1].append((fact, fix))
                 continue
             self.report(
                 fact.node,
@@ -414,19 +417,20 @@ with `@keep_fp32_gate_caches` does the same for every instance.
                 f"{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
-        for key, casts in combined.items():
+        for key, (arithmetic, casts) in combined.items():
             if key not in self._combined:
                 self._combined.add(key)
-                self._report_combined(binding, casts)
+                self._report_combined(binding, arithmetic, casts)
 
     def _report_combined(
-        self, binding: GateCacheBinding, casts: list[tuple[TensorFact, FixDraft | None]]
+        self,
+        binding: GateCacheBinding,
+        node: cst.BaseExpression,
+        casts: list[tuple[TensorFact, FixDraft | None]],
     ) -> None:
-        """One finding where arithmetic combines cast operands into the gate value, with the fix
-        of every cast (float32 operands give a float32 result)."""
+        """One finding at ``node``, where arithmetic combines cast operands into the gate
+        value, with the fix of every cast (float32 operands give a float32 result)."""
         first = casts[0][0]
-        node = _combined_at(first)
-        assert node is not None
         literals = sorted({d for fact, _ in casts for d in fact.non_float32_literals})
         target = (
             literal_names(tuple(literals)) if literals else "a dtype that is not provably float32"

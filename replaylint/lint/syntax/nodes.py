@@ -27,6 +27,27 @@ def decorated(function: cst.FunctionDef, name: str) -> bool:
     return any(dotted_name(d.decorator) == name for d in function.decorators)
 
 
+def properties_named(cls: cst.ClassDef, name: str) -> list[cst.FunctionDef]:
+    """The ``@property`` methods called ``name`` in the body of ``cls``."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    return [
+        method
+        for method in body
+        if isinstance(method, cst.FunctionDef)
+        and method.name.value == name
+        and decorated(method, "property")
+    ]
+
+
+def self_attribute(expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is ``self.<name>``."""
+    return (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
+    )
+
+
 def is_none_literal(expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` is the literal ``None``."""
     return isinstance(expr, cst.Name) and expr.value == "None"
