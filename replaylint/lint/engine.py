@@ -33,7 +33,7 @@ from replaylint.lint.project.index import ProjectIndex, ProjectView
 from replaylint.lint.rules.base import Rule
 from replaylint.lint.rules.catalogue import RULE_NAMES
 from replaylint.lint.rules.registry import ALL_RULES
-from replaylint.lint.syntax.noqa import parse_suppressions
+from replaylint.lint.syntax.noqa import may_misfire, parse_suppressions
 from replaylint.lint.syntax.parse import parse
 from replaylint.lint.syntax.traversal import walk
 
@@ -154,7 +154,7 @@ class Linter:
     def noqa_notes(self, source: str, filename: str = "<stdin>") -> list[str]:
         """Warnings about ``# noqa`` comments that misfire: a blanket ``# noqa RL001`` (no
         colon: it suppresses every code on its line) or an ``RL`` code that is no rule."""
-        if "noqa" not in source.lower():
+        if not may_misfire(source, "RL", RULE_NAMES):
             return []
         problems = parse_suppressions(source, "RL", RULE_NAMES).problems
         return [f"{filename}:{problem.row}: {problem.message}" for problem in problems]

@@ -1,5 +1,6 @@
 """``# noqa`` suppression as the command line applies it: blanket and per-code, on any line of a
-multi-line statement, a wrong code does not suppress, and a file-level ``# replaylint: noqa``."""
+multi-line statement, a wrong code does not suppress, and a file-level ``# replaylint: noqa``;
+warnings about misfiring comments."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replaylint.lint.rules.catalogue import RULE_NAMES
+from replaylint.lint.syntax.noqa import may_misfire, parse_suppressions
 
 RunCli = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -171,3 +177,48 @@ def test_misfiring_noqa_comments_are_warned_about(cli: RunCli, comment: str, war
 def test_well_formed_noqa_comments_draw_no_warning(cli: RunCli, comment: str) -> None:
     Path("a.py").write_text(f"import torch\ng_cache = {ALLOCATION}  {comment}\n")
     assert "warning" not in cli("a.py").stderr
+
+
+_PIECES = [
+    "# noqa",
+    "# noqa RL001",
+    "# noqa : RL002",
+    "# noqa: RL999",
+    "# NOQA: rl001",
+    "# noqa: E501, RL001",
+    "# replaylint: noqa",
+    "# replaylint: noqa RL001",
+    '"# noqa RL001"',
+    "'#'",
+    "x = 1",
+    "  ",
+    "\n",
+    "\r\n",
+    '"""',
+    "\\",
+    "#",
+]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=12))
+def test_the_quick_misfire_check_misses_no_problem(pieces: list[str]) -> None:
+    """`may_misfire` (a line scan) is true whenever tokenizing finds a misfiring comment."""
+    source = "".join(pieces)
+    found = parse_suppressions(source, "RL", RULE_NAMES).problems
+    if found:
+        assert may_misfire(source, "RL", RULE_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("x = 1  # noqa RL001\n", True),
+        ("x = 1  # noqa: RL999\n", True),
+        ("x = 1  # noqa: RL001\n", False),
+        ("x = 1  # noqa\n", False),
+        ('x = "# noqa RL001"\n', True),  # a superset: the string's text looks like a comment
+        ("# replaylint: noqa\n", False),
+    ],
+)
+def test_the_quick_misfire_check(source: str, expected: bool) -> None:
+    assert may_misfire(source, "RL", RULE_NAMES) is expected

@@ -14,7 +14,7 @@ import pytest
 
 from replaylint.cli import main
 from replaylint.lint.gatecache import grep as needle_search
-from replaylint.lint.run import batch
+from replaylint.lint.run import analysis, scanning
 
 POOL = textwrap.dedent(
     """
@@ -69,9 +69,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _simple_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch, "_SEARCH_MIN_FILES", 10**9)
-    monkeypatch.setattr(batch, "_PARALLEL_MIN_SCANS", 10**9)
-    monkeypatch.setattr(batch, "_PARALLEL_MIN_BYTES", 10**12)
+    monkeypatch.setattr(scanning, "_SEARCH_MIN_FILES", 10**9)
+    monkeypatch.setattr(scanning, "_PARALLEL_MIN_SCANS", 10**9)
+    monkeypatch.setattr(analysis, "_PARALLEL_MIN_BYTES", 10**12)
 
 
 def test_every_path_reports_the_same(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,11 +83,11 @@ def test_every_path_reports_the_same(project: Path, monkeypatch: pytest.MonkeyPa
     assert _run("--no-cache", "--jobs", "1") == expected  # grep, one process
     assert _run("--no-cache", "--jobs", "2") == expected  # grep, worker processes
     with monkeypatch.context() as analysis_in_workers:
-        analysis_in_workers.setattr(batch, "_PARALLEL_MIN_BYTES", 0)
+        analysis_in_workers.setattr(analysis, "_PARALLEL_MIN_BYTES", 0)
         assert _run("--no-cache", "--jobs", "2") == expected  # and analysis in workers too
     with monkeypatch.context() as no_grep:
         no_grep.setattr(needle_search.shutil, "which", lambda name: None)
-        no_grep.setattr(batch, "_SEARCH_MIN_FILES", 10**9)
+        no_grep.setattr(scanning, "_SEARCH_MIN_FILES", 10**9)
         assert _run("--no-cache", "--jobs", "2") == expected  # Python search, workers
 
 
@@ -103,3 +103,68 @@ def test_cache_follows_what_is_learned(project: Path) -> None:
     # And teaching it again brings the finding back, from a warm cache.
     (project / "pkg" / "step.py").write_text(STEP)
     assert _run("--jobs", "2") == first
+
+
+WRAPPER = textwrap.dedent(
+    """
+    from kernels import ops
+
+
+    def decode(inputs, g_cache):
+        return ops.kda_replayssm_decode(**inputs, g_cache=g_cache)
+    """
+).lstrip()
+WRAPPED_STEP = textwrap.dedent(
+    """
+    from pkg.wrap import decode
+
+
+    def step(pool, inputs):
+        return decode(inputs, pool.decay_ring)
+    """
+).lstrip()
+
+
+def _spy_on_early_analysis(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """(files started early, whether their reports were kept) for each early start."""
+    seen: list[tuple[int, bool]] = []
+    start, reports = analysis.EarlyAnalysis.start.__func__, analysis.EarlyAnalysis.reports
+
+    def spied_start(cls: type[analysis.EarlyAnalysis], *args: object) -> object:
+        started = start(cls, *args)
+        if started is not None:
+            seen.append((len(started._paths), False))
+        return started
+
+    def spied_reports(self: analysis.EarlyAnalysis, valid: bool) -> object:
+        seen[-1] = (seen[-1][0], valid)
+        return reports(self, valid)
+
+    monkeypatch.setattr(analysis.EarlyAnalysis, "start", classmethod(spied_start))
+    monkeypatch.setattr(analysis.EarlyAnalysis, "reports", spied_reports)
+    monkeypatch.setattr(analysis, "_PARALLEL_MIN_BYTES", 0)
+    return seen
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_early_analysis_reports_what_a_late_one_does(
+    project: Path, monkeypatch: pytest.MonkeyPatch, wrapped: bool
+) -> None:
+    """A cold check starts analysing the files the first read let through while the wrapper
+    stage runs: it keeps those reports when the stage teaches nothing, and analyses again with
+    the names it teaches (here `decay_ring`, passed to a wrapper of the kernel) otherwise."""
+    (project / "pkg" / "step.py").unlink()
+    if wrapped:
+        (project / "pkg" / "__init__.py").write_text("")
+        (project / "pkg" / "wrap.py").write_text(WRAPPER)
+        (project / "pkg" / "step.py").write_text(WRAPPED_STEP)
+    with monkeypatch.context() as simple:
+        _simple_paths(simple)
+        expected = _run("--no-cache", "--jobs", "1")
+    assert any(name == "pool.py" for name, *_ in expected) is wrapped
+    with monkeypatch.context() as spying:
+        seen = _spy_on_early_analysis(spying)
+        assert _run("--no-cache", "--jobs", "2") == expected
+    assert len(seen) == 1
+    assert seen[0][0] >= 12  # every buggy_* file
+    assert seen[0][1] is not wrapped

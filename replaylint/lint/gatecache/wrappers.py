@@ -224,6 +224,7 @@ def learned_from_wrappers(
     read: Callable[[str], str | None],
     learnable: Callable[[str], bool],
     jobs: int = 1,
+    kernel_callers: Sequence[str] | None = None,
 ) -> dict[str, LearnedFrom]:
     """Names the project's calls of its wrappers pass for the gate ring; not ones ``names``
     (with what it learned so far) matches already. ``paths`` are the project's files.
@@ -231,13 +232,17 @@ def learned_from_wrappers(
     Wrappers are looked for where the kernel is called and then where a wrapper is: the files
     that contain an entry point's text, then the files whose calls of wrappers were read. A
     file is parsed only when grep and a search of its text find such a call in it, so a large
-    tree costs a few parses."""
+    tree costs a few parses. ``kernel_callers``, when given, holds every file that may contain
+    an entry point's text (the run's first search already found them): only those are searched
+    for it."""
     learned: dict[str, LearnedFrom] = {}
     wrappers: dict[str, Wrapper] = {}
     ambiguous: set[str] = set()
     files = _Files(paths, read, jobs)
     kernels = [n for n in entry_point_needles(entry_points) or [] if n.isidentifier()]
-    scanned = files.matching([kernel.lower().encode() for kernel in kernels], lambda text: True)
+    scanned = files.matching(
+        [kernel.lower().encode() for kernel in kernels], lambda text: True, among=kernel_callers
+    )
     # ... and where a definition takes a learned name as a parameter (`from_tensors(log_alpha)`)
     taking = [name for name in sorted(names.learned) if name.isascii()]
     if taking:
@@ -284,12 +289,17 @@ class _Files:
         self.trees: dict[str, ast.Module | None] = {}
 
     def matching(
-        self, needles: list[bytes], wanted: Callable[[str], bool]
+        self,
+        needles: list[bytes],
+        wanted: Callable[[str], bool],
+        among: Sequence[str] | None = None,
     ) -> list[tuple[str, ast.Module]]:
-        """The files (path order) that contain a needle and whose text is ``wanted``, parsed."""
+        """The files (path order; of ``among`` when given) that contain a needle and whose text
+        is ``wanted``, parsed."""
         found = []
         needles = [needle for needle in needles if needle.isascii()]
-        for path in sorted(files_containing(self.paths, needles, self.jobs)):
+        paths = self.paths if among is None else among
+        for path in sorted(files_containing(paths, needles, self.jobs)):
             if path not in self.texts:
                 text = self.read(path)
                 # a file too large to parse safely is reported by the checking pass

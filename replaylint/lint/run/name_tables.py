@@ -19,7 +19,7 @@ from replaylint.lint.gatecache.grep import files_containing
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.run.cache import ResultCache
 
-__all__ = ["files_reading", "name_table_constants"]
+__all__ = ["files_reading", "name_table_constants", "tables_in"]
 
 # a constant of a module or a class (``ReplayCache.BUFFER_NAMES``) bound to a bracketed literal:
 # the cheap test before a parse
@@ -42,20 +42,34 @@ def name_table_constants(
     names: GateCacheNames,
     cache: ResultCache | None,
     jobs: int,
+    found: Callable[[], frozenset[str]] | None = None,
 ) -> frozenset[str]:
     """The names of the module constants of ``paths`` that list a gate cache's name; only the
     files holding one of ``needles`` (the pre-filter's, None: every file) are read. ``paths``
     may instead be a function giving the files already known to hold one (the run read them
     all). ``stamps``: (path, size, mtime, ctime) of every file of the run, what a stored answer
-    is keyed on."""
+    is keyed on. ``found``: the answer, when the files were searched as they were read (with
+    these ``names``), so that none is read again."""
     key = None
     if cache is not None:
         learned = sorted(names.learned)
         digest = hashlib.blake2b(repr(("tables", sorted(stamps), learned)).encode(), digest_size=12)
         key = digest.hexdigest()
-        found, stored = cache.stage(key)
-        if found and isinstance(stored, list) and all(isinstance(s, str) for s in stored):
+        hit, stored = cache.stage(key)
+        if hit and isinstance(stored, list) and all(isinstance(s, str) for s in stored):
             return frozenset(stored)
+    tables = set(found()) if found is not None else _read_tables(paths, needles, names, jobs)
+    if cache is not None and key is not None:
+        cache.put_stage(key, sorted(tables))
+    return frozenset(tables)
+
+
+def _read_tables(
+    paths: Sequence[str] | Callable[[], Sequence[str]],
+    needles: Sequence[bytes] | None,
+    names: GateCacheNames,
+    jobs: int,
+) -> set[str]:
     if callable(paths):
         naming = set(paths())
     else:
@@ -66,10 +80,8 @@ def name_table_constants(
             raw = Path(path).read_bytes()
         except OSError:
             continue  # the analysis reports it
-        tables |= _tables_in(raw, names)
-    if cache is not None and key is not None:
-        cache.put_stage(key, sorted(tables))
-    return frozenset(tables)
+        tables |= tables_in(raw, names)
+    return tables
 
 
 def files_reading(paths: Sequence[str], tables: frozenset[str], jobs: int) -> set[str]:
@@ -80,10 +92,14 @@ def files_reading(paths: Sequence[str], tables: frozenset[str], jobs: int) -> se
     return files_containing(paths, needles, jobs)
 
 
-def _tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
+def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
     """The constants of ``raw`` that list a gate cache's name; each candidate statement is cut
     out at its closing bracket and parsed alone (a whole module would cost a parse per file)."""
     found: set[str] = set()
+    if raw.isascii() and not any(
+        names.matches(word.decode("ascii")) for word in set(_QUOTED_WORD.findall(raw))
+    ):
+        return found  # quotes no gate-cache name: no table can list one
     for match in _CONSTANT_TABLE.finditer(raw):
         end = _closing(raw, match.end() - 1)
         if end is None:

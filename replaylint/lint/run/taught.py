@@ -41,10 +41,12 @@ def wrapper_rings(
     merged: dict[str, LearnedFrom],
     cache: ResultCache | None,
     jobs: int,
+    kernel_callers: Sequence[str] | None = None,
 ) -> dict[str, LearnedFrom]:
     """The rings the project's wrappers of the kernel are passed; remembered in the cache under
     every file's size and times and the names learned so far, so that a run in which no file
-    changed reads none of them again."""
+    changed reads none of them again. ``kernel_callers``: a superset of the files that contain
+    an entry point's text, when the run knows one."""
     key = None
     if cache is not None:
         # size, mtime and ctime: what the cache trusts a file's entry by
@@ -62,6 +64,7 @@ def wrapper_rings(
         read_text,
         lambda name: learnable(name, names),
         jobs,
+        kernel_callers,
     )
     if cache is not None and key is not None:
         rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]

@@ -9,7 +9,10 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from multiprocessing.pool import AsyncResult, Pool
 
 _Job = TypeVar("_Job")
 _Result = TypeVar("_Result")
@@ -66,3 +69,45 @@ def in_workers(
     finally:
         gc.unfreeze()
         _WORKER_STATE = None
+
+
+class Started(Generic[_Result]):
+    """Jobs running in worker processes (:func:`start_in_workers`) while this process goes on:
+    their results are collected, or the work is stopped."""
+
+    def __init__(self, pool: Pool, pending: list[AsyncResult[_Result]]) -> None:
+        self._pool, self._pending = pool, pending
+
+    def results(self) -> list[_Result]:
+        """The results in the order of the jobs, once every job is done."""
+        try:
+            results = [pending.get() for pending in self._pending]
+        except BaseException:
+            self.stop()
+            raise
+        self._pool.close()
+        self._pool.join()
+        return results
+
+    def stop(self) -> None:
+        """End the workers now; results not yet collected are lost."""
+        self._pool.terminate()
+        self._pool.join()
+
+
+def start_in_workers(
+    function: Callable[[_Job], _Result], state: object, jobs: list[_Job], workers: int
+) -> Started[_Result]:
+    """Start ``function`` over ``jobs`` (one at a time, in order) in ``workers`` forked processes
+    that see ``state``, and return at once."""
+    import multiprocessing
+
+    global _WORKER_STATE
+    _WORKER_STATE = state
+    gc.freeze()  # as in :func:`in_workers`
+    try:  # the pool forks its workers as it is made
+        pool = multiprocessing.get_context("fork").Pool(min(workers, len(jobs)))
+    finally:
+        gc.unfreeze()
+        _WORKER_STATE = None
+    return Started(pool, [pool.apply_async(function, (job,)) for job in jobs])
