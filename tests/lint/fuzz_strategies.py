@@ -52,8 +52,10 @@ GATE_NAMES: tuple[str, ...] = (
     "kv_gate_cache",
     "replayssm_gs",
     "Replayssm_G",
+    "gate_ring",
+    "draft_gate_ring",
 )
-assert all(pattern.lstrip("*_") in {"g_cache", "gate_cache", "replayssm_g"}
+assert all(pattern.lstrip("*_") in {"g_cache", "gate_cache", "gate_ring", "replayssm_g"}
            for pattern in DEFAULT_GATE_CACHE_PATTERNS)  # fmt: skip
 # Rings that may legitimately hold the model dtype, and names that must never count.
 OTHER_NAMES: tuple[str, ...] = ("d_cache", "k_cache", "kv_cache", "g", "gates", "state", "ring")

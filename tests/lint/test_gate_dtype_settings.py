@@ -194,11 +194,10 @@ def test_a_setting_named_after_a_learned_ring(
 ) -> None:
     # `logdecay_dtype` beside the learned ring `logdecay_ring` is the gate ring's setting: a
     # non-float32 default is reported where it is declared, not at the allocations reading it;
-    # the key ring's setting is not one
+    # the key ring's setting is not one. The getter of that name that hands out the spec's
+    # one dtype is reported where it returns it, and the allocation reading it is not again.
     source = _LAYOUT.replace("{default}", default).replace("{annotation}", annotation)
     (tmp_path / "layout.py").write_text(f"import torch\n{source}", encoding="utf-8")
     expected = [("layout.py", 8, "RL001")] if default == "torch.bfloat16" else []
-    if annotation != "Layout":
-        # another class's setting of that name is not this declaration: judged at the allocation
-        expected.append(("layout.py", 26, "RL002"))
+    expected.append(("layout.py", 22, "RL002"))
     assert cli_rows(tmp_path, "--isolated", "--no-cache", ".") == expected

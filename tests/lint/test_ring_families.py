@@ -72,6 +72,21 @@ def test_a_shared_or_generic_word_of_the_gate_ring_makes_no_sibling(
     assert sibling_names(names, text, "m.py") == {}
 
 
+def test_the_word_the_siblings_replace_is_the_gate_rings_own() -> None:
+    """Beside `snapshot_kda_delta_ring` and `snapshot_kda_key_ring`, the gate ring's own word in
+    `snapshot_kda_decay_ring` is `decay`, in the middle: `snapshot`, a mapping loaded from a
+    file, is not a ring, though `delta` and `key` are names of the file too."""
+    names = GateCacheNames().with_learned(
+        {"snapshot_kda_decay_ring": LearnedFrom("layer.py", 3, "", "a ring's place")}
+    )
+    text = (
+        "self.snapshot_kda_delta_ring = a\nself.snapshot_kda_key_ring = b\n"
+        "self.snapshot_kda_decay_ring = c\nsnapshot = torch.load(path)\ndelta, key = d, k\n"
+        "host_decay = h\nhost_delta = i\nhost_key = j\n"
+    )
+    assert sorted(sibling_names(names, text, "m.py")) == ["host_decay"]
+
+
 def test_a_derived_name_is_reported_with_why() -> None:
     source = (
         "import torch\n\nclass Graph:\n    def __init__(self, mm, shape):\n"

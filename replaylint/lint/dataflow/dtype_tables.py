@@ -40,6 +40,54 @@ def table_entry_facts(
         for element in table.elements
         if isinstance(element, cst.DictElement) and element.value is not entry
     ]
+    return _entry_facts(prov, others, entry, site)
+
+
+def zipped_table_entries(
+    prov: Provenance, call: cst.Call, site: Site
+) -> list[tuple[str, cst.BaseExpression, tuple[TensorFact, ...]]]:
+    """``dict(zip(NAMES, (state_dtype, dtype, dtype, dtype)))``, a dtype table built from a list
+    of cache names (a literal, a constant, ``Rings._fields``) and a literal of values: for each
+    gate-cache name, its value and that value's fact (as for a dict literal's entry)."""
+    if not (
+        isinstance(call.func, cst.Name)
+        and call.func.value == "dict"
+        and len(call.args) == 1
+        and not call.args[0].star
+        and call.args[0].keyword is None
+    ):
+        return []
+    zipped = call.args[0].value
+    if not (
+        isinstance(zipped, cst.Call)
+        and isinstance(zipped.func, cst.Name)
+        and zipped.func.value == "zip"
+        and len(zipped.args) == 2
+        and all(not arg.star and arg.keyword is None for arg in zipped.args)
+        and isinstance(values := zipped.args[1].value, (cst.Tuple, cst.List))
+        and not any(isinstance(e, cst.StarredElement) for e in values.elements)
+    ):
+        return []
+    name = cst.Name("name")
+    envs = prov.iterations(name, zipped.args[0].value, site)
+    elements = [element.value for element in values.elements]
+    if envs is None or len(envs) != len(elements):
+        return []
+    found = []
+    for env, value in zip(envs, elements, strict=True):
+        key = env.get("name")
+        if not isinstance(key, str) or not prov.index.gate_caches.matches(key):
+            continue
+        others = [other for other in elements if other is not value]
+        facts = _entry_facts(prov, others, value, site)
+        if facts is not None:
+            found.append((key, value, facts))
+    return found
+
+
+def _entry_facts(
+    prov: Provenance, others: list[cst.BaseExpression], entry: cst.BaseExpression, site: Site
+) -> tuple[TensorFact, ...] | None:
     if not any(
         _literal_dtype(prov, value, site) or _same_dtype_setting(prov, value, entry)
         for value in others
@@ -94,11 +142,18 @@ def named_gate_dtype(
         names.names_gate_dtype(name) or (names.matches(name) and _declared_a_dtype(target, site))
     ):
         return None
+    narrower = narrower_literals(prov, value, site)
+    return None if narrower is None else (name, narrower)
+
+
+def narrower_literals(prov: Provenance, value: cst.BaseExpression, site: Site) -> list[str] | None:
+    """The floating dtypes other than float32 that ``value`` may be, when it is only ever
+    floating literals and not always float32; None otherwise."""
     literals = {fact.dtype for fact in prov.dtype_facts(value, site)}
     narrower = sorted(d for d in literals if d is not None and d != "float32")
     if not literals or None in literals or not narrower or not literals <= _FLOATING:
         return None
-    return name, narrower
+    return narrower
 
 
 def _declared_a_dtype(target: cst.CSTNode, site: Site) -> bool:
@@ -134,16 +189,25 @@ def borrowed_gate_dtype(
     target: cst.CSTNode | None,
     value: cst.BaseExpression | None,
     site: Site,
+    *,
+    gate_field: str | None = None,
 ) -> tuple[str, cst.BaseExpression] | None:
     """``(name, borrowed)`` when ``target = value`` sets a dtype named for the gate cache to
     ``borrowed``, the dtype of another setting (``self.dtype``, ``cache_dtype``; also as the
     fallback of ``.get(key, fallback)``, a branch of a conditional or of ``or``), which is not
-    provably float32; None otherwise."""
-    if value is None or not isinstance(target, (cst.Name, cst.Attribute)):
+    provably float32; None otherwise. ``gate_field``: instead of ``target``, the field of a
+    record of ring dtypes that holds the gate ring's (:mod:`.dtype_records`)."""
+    if value is None:
         return None
-    name = binding_name(target)
-    if name is None or not prov.index.gate_caches.names_gate_dtype(name):
+    if gate_field is not None:
+        name: str | None = gate_field
+    elif isinstance(target, (cst.Name, cst.Attribute)):
+        name = binding_name(target)
+        if name is None or not prov.index.gate_caches.names_gate_dtype(name):
+            return None
+    else:
         return None
+    assert name is not None
     for borrowed in _choices(value):
         if isinstance(borrowed, cst.Subscript):
             if _narrower_entry_of_a_table(prov, borrowed, site):
@@ -154,6 +218,8 @@ def borrowed_gate_dtype(
             continue
         if _of_the_gate(prov, borrowed):
             continue  # `ctx.g_dtype = g.dtype`: the gate tensor's own dtype, kept to cast back
+        if _reads_a_gate_setting(prov, borrowed):
+            continue  # `CacheDtype(args.logdecay_cache_dtype).torch_dtype`: the gate's own
         facts = prov.dtype_facts(borrowed, site)
         if facts and not all(f.is_float32 for f in facts):
             return name, borrowed
@@ -199,6 +265,21 @@ def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [value]
 
 
+def _reads_a_gate_setting(prov: Provenance, borrowed: cst.BaseExpression) -> bool:
+    """Whether ``borrowed`` reads, inside, a setting of the gate's own (``logdecay_cache_dtype``
+    in ``CacheDtype(args.logdecay_cache_dtype).torch_dtype``)."""
+    for node in descendants(borrowed):
+        if node is borrowed or not isinstance(node, (cst.Name, cst.Attribute)):
+            continue
+        name = binding_name(node) or ""
+        words = name.lower().split("_")
+        if name.lower().endswith("dtype") and any(
+            w in _GATE_WORDS or w.endswith("decay") for w in words
+        ):
+            return True
+    return False
+
+
 def _of_the_gate(prov: Provenance, borrowed: cst.BaseExpression) -> bool:
     """``g.dtype``, ``log_decay.dtype``: the dtype of a tensor named for the gate itself."""
     if not isinstance(borrowed, cst.Attribute) or not isinstance(borrowed.value, cst.Name):
@@ -220,24 +301,54 @@ def _names_a_dtype(prov: Provenance, name: str) -> bool:
     return not names.names_gate_dtype(name) and not names.matches(core.removesuffix("_dtype"))
 
 
-def looked_up_by(fact: TensorFact, target: cst.BaseExpression) -> bool:
+def _varying_with(loop: cst.CSTNode, variables: set[str]) -> set[str]:
+    """``variables`` and the names ``loop`` binds to values that read one of them, transitively."""
+    assignments: list[tuple[set[str], set[str]]] = []  # (names bound, names read)
+    for node in descendants(loop):
+        if isinstance(node, cst.Assign):
+            targets, value = [target.target for target in node.targets], node.value
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        bound = {
+            n.value for t in targets if isinstance(t, (cst.Name, cst.Tuple)) for n in read_names(t)
+        }
+        assignments.append((bound, {n.value for n in read_names(value)}))
+    varying = set(variables)
+    while True:
+        more = {n for bound, read in assignments if read & varying for n in bound} - varying
+        if not more:
+            return varying
+        varying |= more
+
+
+def looked_up_by(
+    fact: TensorFact, target: cst.BaseExpression, loop: cst.CSTNode | None = None
+) -> bool:
     """Whether every dtype of ``fact`` is an unknown entry looked up by a variable of the loop
-    target ``target`` (``dtypes[name]`` in ``for name, buf in ...``): each cache gets its own
-    table entry, not one dtype shared by all (an entry the analysis reads is judged as it is)."""
+    target ``target`` (``dtypes[name]`` in ``for name, buf in ...``), or an unknown result of a
+    call given one (``dtype_for(name, config)``): each cache gets its own dtype, not one shared
+    by all (an entry the analysis reads is judged as it is). Names the body of ``loop`` binds
+    to values that read such a variable (``key = f"{prefix}.{name}"``) vary with it too."""
     variables = {name.value for name in read_names(target)}
+    if loop is not None:
+        variables = _varying_with(loop, variables)
 
     def keyed(node: cst.CSTNode) -> bool:
         if isinstance(node, cst.Subscript):
-            key: cst.CSTNode = node.slice[0].slice
+            keys: list[cst.CSTNode] = [node.slice[0].slice]
         elif (
             isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
             and node.func.attr.value == "get"
             and node.args
         ):
-            key = node.args[0].value  # `dtypes.get(name, default)`
+            keys = [node.args[0].value]  # `dtypes.get(name, default)`
+        elif isinstance(node, cst.Call):
+            keys = [arg.value for arg in node.args]  # `dtype_for(name, config)`
         else:
             return False
-        return any(name.value in variables for name in read_names(key))
+        return any(name.value in variables for key in keys for name in read_names(key))
 
     return bool(fact.dtypes) and all(d.dtype is None and keyed(d.node) for d in fact.dtypes)

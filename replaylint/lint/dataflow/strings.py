@@ -214,6 +214,18 @@ def naming_variable(key: cst.BaseExpression, envs: Sequence[Iteration]) -> str |
     return candidates[0] if len(candidates) == 1 else None
 
 
+def _record_fields_named(
+    prov: Provenance, expr: cst.BaseExpression, site: Site
+) -> list[str] | None:
+    """The field names ``Record._fields`` lists, for a record class of the project."""
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value == "_fields"):
+        return None
+    from replaylint.lint.dataflow.records import positional_fields  # records reads strings
+
+    fields = positional_fields(prov, cst.Call(func=expr.value), site)
+    return None if fields is None else [name for name, _ in fields]
+
+
 def _literal_items(
     prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
 ) -> list[tuple[cst.BaseExpression, Site]] | None:
@@ -239,6 +251,9 @@ def _literal_items(
         if binding.value is None:
             return None
         return _literal_items(prov, binding.value, binding_site, depth + 1)
+    fields = _record_fields_named(prov, expr, site)
+    if fields is not None:  # `Rings._fields` of a NamedTuple: its field names
+        return [(cst.SimpleString(repr(name)), site) for name in fields]
     constant = _class_constant(prov, expr, site)
     if constant is not None:  # `for name in self.ring_names` of `ring_names = (...)` in the class
         return _literal_items(prov, constant, site, depth + 1)

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
     "g_cache",
     "gate_cache",
+    "gate_ring",
     "replayssm_g",
     "*_g_cache",
     "*_gate_cache",
+    "*_gate_ring",
 )
 
 

@@ -26,6 +26,18 @@ _WORD_FROM = re.compile(r"\w*")
 _WORD_BEFORE = re.compile(r"\w+\Z")
 _LONGEST_WORD = 256  # how far left of a core to look for the start of its identifier
 _QUOTED = ('"', "'", 's"', "s'")
+# A record of the rings' dtypes declares the gate ring's field by its word alone
+# (:mod:`replaylint.lint.dataflow.dtype_records`); other names of it contain a core already.
+_RECORD_FIELD_NEEDLES = (
+    "gate: torch.dtype",
+    "g: torch.dtype",
+    "decay: torch.dtype",
+    "alpha: torch.dtype",
+)
+_RECORD_FIELD = re.compile(
+    r"^[ \t]+(?:gate|g|log_?decay|decay|alpha|log_alpha)[ \t]*:[ \t]*torch\.dtype\b",
+    re.MULTILINE | re.IGNORECASE,
+)
 
 
 def _literal_core(pattern: str) -> str:
@@ -52,6 +64,8 @@ class Relevance:
         needles += [f"{word}_dtype" for word in GATE_DTYPE_WORDS]
         # Words that contain a core are the only ones worth matching exactly.
         self._cores = tuple(sorted({n for n in needles if n}))
+        # the gate ring's field of a record of ring dtypes (`gate: torch.dtype`)
+        needles += list(_RECORD_FIELD_NEEDLES)
         for ending in endings:  # an ending alone would match everywhere (kv_cache): add it quoted
             needles += [ending + tail for tail in _QUOTED]
         self._built_name = re.compile(
@@ -116,4 +130,4 @@ class Relevance:
             for word in self._words_with_cores(text, lowered)
         ):
             return True
-        return self._built_name.search(text) is not None
+        return self._built_name.search(text) is not None or _RECORD_FIELD.search(text) is not None

@@ -51,7 +51,10 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
         # and the word they share (`buf`) is not.
         ends = list(dict.fromkeys(words[:1] + words[-1:]))
         own = [w for i, w in enumerate(words) if w in ends and _siblings(words, i, identifiers)]
-        for word in own or ends:
+        # ... and where they replace a word in the middle (`snapshot_kda_delta_ring` beside
+        # `snapshot_kda_gate_ring`), that word is its own and the ends qualify it
+        inner = [w for i, w in enumerate(words) if _siblings(words, i, identifiers)]
+        for word in own or inner or ends:
             lowered = word.lower()
             if (
                 word

@@ -9,6 +9,12 @@ from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.record_tables import (
+    RECORD_INVALID,
+    RECORD_VALID,
+    report_narrow_gate_fields,
+    report_zipped_entries,
+)
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
     WHY,
@@ -94,6 +100,7 @@ checked.
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        *RECORD_VALID,
         Valid(
             """
             import torch
@@ -533,27 +540,7 @@ checked.
             """,
             message_contains="torch.float16",
         ),
-        Invalid(
-            """
-            from typing import NamedTuple
-
-            import torch
-
-            class KDADecodeConfig(NamedTuple):
-                ring_len: int = 4
-                gate_dtype: torch.dtype = torch.bfloat16
-            """,
-            expected_fix="""
-            from typing import NamedTuple
-
-            import torch
-
-            class KDADecodeConfig(NamedTuple):
-                ring_len: int = 4
-                gate_dtype: torch.dtype = torch.float32
-            """,
-            message_contains="named for the gate cache's dtype",
-        ),
+        *RECORD_INVALID,
     )
 
     # ---------------------------------------------- a dtype named for the gate cache
@@ -570,6 +557,10 @@ checked.
 
     def visit_Arg(self, node: cst.Arg) -> None:
         self._gate_dtype(node.keyword, node.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        report_narrow_gate_fields(self, node)
+        report_zipped_entries(self, node, Kind.EXPLICIT)
 
     def _gate_dtype(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
         site = self.site()

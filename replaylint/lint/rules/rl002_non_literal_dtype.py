@@ -5,12 +5,14 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.dtype_records import gate_field_arguments
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.declared_settings import declared_setting
+from replaylint.lint.rules.record_tables import report_zipped_entries
 from replaylint.lint.rules.setting_examples import SETTING_INVALID, SETTING_VALID
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
@@ -445,6 +447,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         self._settings: list[cst.CSTNode] = []  # statements of reported gate-dtype settings
+        self._getters: set[str] = set()  # reported getters: `spec.<getter>` is reported there
 
     # -------------------------------------- a gate-dtype setting given another setting's dtype
     def visit_Assign(self, node: cst.Assign) -> None:
@@ -457,17 +460,46 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
     def visit_Arg(self, node: cst.Arg) -> None:
         self._borrowed(node.keyword, node.value)
 
-    def _borrowed(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
+    def visit_Call(self, node: cst.Call) -> None:
+        report_zipped_entries(self, node, Kind.VARIABLE)
+        # `CacheRecipe(state, ring, ring, ring)`: the gate ring's field of a record of dtypes
+        for gate in gate_field_arguments(self.provenance, node):
+            if gate.passed == "keyword" and self.context.gate_caches.names_gate_dtype(gate.field):
+                continue  # a keyword named for the gate dtype is a setting: `visit_Arg`
+            record = self.context.module.code_for_node(node.func).strip()
+            subject = f"`{gate.field}` of `{record}`, the gate ring's dtype,"
+            self._borrowed(None, gate.value, gate_field=gate.field, subject=subject)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        # `def log_decay_dtype(self): return self.checkpoint_dtype`: a getter is a setting too
+        # (one that returns its argument passes its caller's choice on)
+        scope = self.site().scope
+        if (
+            isinstance(scope, cst.FunctionDef)
+            and not _returns_an_argument(scope, node.value)
+            and self._borrowed(scope.name, node.value, verb="returns")
+        ):
+            self._getters.add(scope.name.value)
+
+    def _borrowed(
+        self,
+        target: cst.CSTNode | None,
+        value: cst.BaseExpression | None,
+        verb: str = "is set to",
+        gate_field: str | None = None,
+        subject: str | None = None,
+    ) -> bool:
+        """Report a gate-dtype setting given another setting's dtype; whether it was one."""
         site = self.site()
-        found = borrowed_gate_dtype(self.provenance, target, value, site)
+        found = borrowed_gate_dtype(self.provenance, target, value, site, gate_field=gate_field)
         if found is None:
-            return
+            return False
         name, borrowed = found
         statement = site.statement
         if statement is not None:
             within = self.provenance.within
             if any(d.code == self.CODE and within(d.node, statement) for d in self.context.drafts):
-                return  # the parameter this setting reaches is reported on its line already
+                return True  # the parameter this setting reaches is reported on its line already
             self._settings.append(statement)
         fix = self.setting_fix(borrowed, site)
         whose = (
@@ -475,13 +507,15 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             if isinstance(borrowed, cst.Subscript)
             else "the dtype of another setting"
         )
+        subject = subject or f"`{name}`, named for the gate cache's dtype,"
         self.report(
             borrowed,
-            f"`{name}`, named for the gate cache's dtype, is set to "
+            f"{subject} {verb} "
             f"`{one_line(self.context.module, borrowed)}`, {whose}, which is "
             f"not provably float32; {WHY}",
             fix=fix,
         )
+        return True
 
     def _in_reported_setting(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` is in the statement of a gate-dtype setting reported already."""
@@ -508,8 +542,10 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 binding, fact, fact.target, "Allocate it as {float32}", Applicability.SAFE
             )
             at = reported_at(fact)
-            if self._in_reported_setting(at):
-                continue  # reported as the gate-dtype setting that borrowed this dtype
+            if self._in_reported_setting(at) or (
+                isinstance(at, cst.Attribute) and at.attr.value in self._getters
+            ):
+                continue  # reported as the gate-dtype setting (or getter) that borrowed it
             if declared_setting(self.context, self.provenance.index, fact.node):
                 continue  # judged where the setting is declared (RL001 for a non-float32 one)
             self.report(
@@ -518,3 +554,10 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 f"float32{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+
+def _returns_an_argument(function: cst.FunctionDef, value: cst.BaseExpression | None) -> bool:
+    """Whether ``value`` is one of ``function``'s parameters (``return wire_dtype``)."""
+    params = function.params
+    named = [*params.posonly_params, *params.params, *params.kwonly_params]
+    return isinstance(value, cst.Name) and any(p.name.value == value.value for p in named)

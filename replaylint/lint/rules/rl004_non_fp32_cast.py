@@ -10,6 +10,7 @@ from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.gate_reads import READ_INVALID, READ_VALID, report_cast_read
 from replaylint.lint.rules.module_cast_examples import MODULE_CAST_INVALID, MODULE_CAST_VALID
 from replaylint.lint.rules.module_casts import ModuleCasts
 from replaylint.lint.rules.wording import (
@@ -116,6 +117,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
+        *READ_VALID,
         Valid(
             """
             import torch
@@ -180,6 +182,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         *MODULE_CAST_VALID,
     )
     INVALID = (
+        *READ_INVALID,
         Invalid(
             """
             import torch
@@ -353,6 +356,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
         self._combined: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
+        report_cast_read(self, node)
         method = method_name(node)
         if method not in _MODULE_CAST_METHODS and method != "load_state_dict":
             return

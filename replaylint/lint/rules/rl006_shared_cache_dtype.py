@@ -124,6 +124,21 @@ they were (safe).
             """
             import torch
 
+            from .policy import restore_dtype
+
+            def load_rings(layers, state_dict, config):
+                for index, layer in enumerate(layers):
+                    for name in ("d_cache", "k_cache", "g_cache"):
+                        key = f"layers.{index}.{name}"
+                        # one dtype per ring: the policy is asked with the ring's key
+                        dtype = restore_dtype(key, config)
+                        layer.register_buffer(name, state_dict[key].to(dtype=dtype))
+            """
+        ),
+        Valid(
+            """
+            import torch
+
             def save_snapshot(cache, path, dtype):
                 # the file's storage format: reading it back is where a cast is needed
                 rings = {name: getattr(cache, name).to(dtype) for name in ("d_cache", "g_cache")}
@@ -309,7 +324,7 @@ they were (safe).
                 for fact in self.provenance.tensor_facts(value, site, env):
                     if (
                         fact.kind in _REPORTED
-                        and not looked_up_by(fact, loop.target)
+                        and not looked_up_by(fact, loop.target, loop.node)
                         and not shared_by_a_table(self.provenance, fact)
                     ):
                         subject = named_gate_cache(self.context.gate_caches, name)

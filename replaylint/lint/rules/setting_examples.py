@@ -1,5 +1,5 @@
 """RL002's examples of gate-dtype settings and dtype tables (its docs and tests, with the rest of
-its examples): a setting named for the gate cache's dtype given another setting's dtype, an entry
+its examples): a setting (or getter) named for the gate cache's dtype given another setting's dtype, an entry
 of a dtype table picked by another setting, a table that gives every ring one dtype."""
 
 from __future__ import annotations
@@ -23,10 +23,99 @@ SETTING_VALID: tuple[Valid, ...] = (
 
         def ring_dtypes(dtype):
             return {"d_cache": dtype, "k_cache": dtype, "g_cache": torch.float32}
+
+        class ModelConfig:
+            params_dtype = torch.bfloat16
+            gate_ring_precision = torch.float32
+
+            @property
+            def log_decay_dtype(self):
+                return self.gate_ring_precision  # the gate's own setting
         """
     ),
 )
 SETTING_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        RING_NAMES = ("ssm_state", "d_cache", "k_cache", "g_cache")
+
+        def export_dtypes(config):
+            state_dtype, wire_dtype = config.state_dtype, config.wire_dtype
+            return dict(zip(RING_NAMES, (state_dtype, wire_dtype, wire_dtype, wire_dtype)))
+        """,
+        expected_fix="""
+        import torch
+
+        RING_NAMES = ("ssm_state", "d_cache", "k_cache", "g_cache")
+
+        def export_dtypes(config):
+            state_dtype, wire_dtype = config.state_dtype, config.wire_dtype
+            return dict(zip(RING_NAMES, (state_dtype, wire_dtype, wire_dtype, torch.float32)))
+        """,
+        message_contains="gate cache `g_cache` is given `wire_dtype` by the dtype table",
+    ),
+    Invalid(
+        """
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass
+        class StateConfig:
+            state_dtype: torch.dtype
+            ring_dtype: torch.dtype
+            gate_dtype: torch.dtype = torch.float32
+
+        def state_config(model_config):
+            # in field order: the third is the gate ring's
+            dtype = model_config.params_dtype
+            return StateConfig(torch.float32, dtype, dtype)
+        """,
+        expected_fix="""
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass
+        class StateConfig:
+            state_dtype: torch.dtype
+            ring_dtype: torch.dtype
+            gate_dtype: torch.dtype = torch.float32
+
+        def state_config(model_config):
+            # in field order: the third is the gate ring's
+            dtype = model_config.params_dtype
+            return StateConfig(torch.float32, dtype, torch.float32)
+        """,
+        message_contains="`gate_dtype` of `StateConfig`, the gate ring's dtype, is set to `dtype`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        class ModelConfig:
+            params_dtype = torch.bfloat16
+
+            @property
+            def log_decay_dtype(self):
+                # a getter named for the gate's dtype that hands out the model's
+                return self.params_dtype
+        """,
+        expected_fix="""
+        import torch
+
+        class ModelConfig:
+            params_dtype = torch.bfloat16
+
+            @property
+            def log_decay_dtype(self):
+                # a getter named for the gate's dtype that hands out the model's
+                return torch.float32
+        """,
+        message_contains="`log_decay_dtype`, named for the gate cache's dtype, returns `self.params_dtype`",
+    ),
     Invalid(
         """
         import torch

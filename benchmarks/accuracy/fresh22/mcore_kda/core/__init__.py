@@ -1,0 +1,1 @@
+"""megatron.core-style building blocks for KDA (Kimi Linear) models."""

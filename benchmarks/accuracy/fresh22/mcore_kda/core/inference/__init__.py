@@ -1,0 +1,1 @@
+"""Inference: contexts holding the per-layer decode state, model wrappers, controllers and engines."""

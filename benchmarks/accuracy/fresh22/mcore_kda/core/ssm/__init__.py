@@ -1,0 +1,1 @@
+"""KDA (Kimi Delta Attention) mixer and its ReplaySSM decode ops."""

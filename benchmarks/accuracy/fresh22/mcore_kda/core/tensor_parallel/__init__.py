@@ -1,0 +1,3 @@
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]

@@ -1,0 +1,219 @@
+"""Dtype policies written as records and zipped tables, for RL001 and RL002: a record of the
+rings' dtypes whose gate field a construction gives a literal narrower than float32
+(:mod:`replaylint.lint.dataflow.dtype_records`), and the gate entry of ``dict(zip(NAMES,
+dtypes))`` (:func:`~replaylint.lint.dataflow.dtype_tables.zipped_table_entries`); with RL001's
+examples of settings, records and tables of the gate cache's dtype."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from replaylint.lint.dataflow.dtype_records import GateField, gate_field_arguments, spread_elements
+from replaylint.lint.dataflow.dtype_tables import narrower_literals, zipped_table_entries
+from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.fixes.drafts import FixDraft, Replace
+from replaylint.lint.model import Applicability
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY, literal_names
+from replaylint.lint.syntax.nodes import one_line
+
+__all__ = ["RECORD_INVALID", "RECORD_VALID", "report_narrow_gate_fields", "report_zipped_entries"]
+
+
+def report_narrow_gate_fields(rule: Rule, call: cst.Call) -> None:
+    """Report each gate-dtype field of the record ``call`` builds that it gives a narrower
+    literal (a keyword named for the gate dtype is reported as a setting already)."""
+    site = rule.site()
+    for gate in gate_field_arguments(rule.provenance, call):
+        if gate.passed == "keyword" and rule.context.gate_caches.names_gate_dtype(gate.field):
+            continue
+        narrower = narrower_literals(rule.provenance, gate.value, site)
+        if narrower is None:
+            continue
+        record = rule.context.module.code_for_node(call.func).strip()
+        rule.report(
+            gate.arg if gate.passed == "spread" else gate.value,
+            f"`{gate.field}` of `{record}`, the gate ring's dtype, is given "
+            f"{literal_names(narrower)}; {WHY}",
+            fix=_fix(rule, gate),
+        )
+
+
+def report_zipped_entries(rule: Rule, call: cst.Call, kind: Kind) -> None:
+    """Report the gate entries of the zipped dtype table ``call`` builds whose fact is ``kind``
+    (RL001: a narrower literal; RL002: a dtype that is not provably float32)."""
+    site = rule.site()
+    table = one_line(rule.context.module, call)
+    for name, value, facts in zipped_table_entries(rule.provenance, call, site):
+        for fact in facts:
+            if fact.kind is not kind:
+                continue
+            given, which = (
+                (literal_names(fact.non_float32_literals), "")
+                if kind is Kind.EXPLICIT
+                else (f"`{one_line(rule.context.module, value)}`", ", not provably float32")
+            )
+            rule.report(
+                value,
+                f"gate cache `{name}` is given {given} by the dtype table `{table}`{which}; {WHY}",
+                fix=rule.setting_fix(value, site),
+            )
+
+
+def _fix(rule: Rule, gate: GateField) -> FixDraft | None:
+    """Float32 for the field alone: unsafe, as for a setting (whatever else reads the record's
+    field sees float32 too). A repeated spread (``*(torch.bfloat16,) * 4``) is written out."""
+    site = rule.site()
+    spread = gate.arg.value
+    if gate.passed != "spread" or isinstance(spread, (cst.Tuple, cst.List)):
+        return rule.setting_fix(gate.value, site)
+    module = rule.context.module
+    elements = [module.code_for_node(e).strip() for e in spread_elements(spread) or ()]
+    elements[gate.spread_place] = rule.float32(site)
+    text = f"({', '.join(elements)})"
+    edit = Replace(spread, text)
+    return FixDraft(f"Make it {rule.float32(site)}", (edit,), Applicability.UNSAFE)
+
+
+RECORD_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class CacheRecipe(NamedTuple):
+            state: torch.dtype
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype
+
+        RECIPES = {
+            "bf16": CacheRecipe(torch.float32, torch.bfloat16, torch.bfloat16, torch.float32),
+            "fp32": CacheRecipe(*(torch.float32,) * 4),
+        }
+
+        class MoeDtypes(NamedTuple):
+            experts: torch.dtype
+            gate: torch.dtype  # a router's gate: no ring beside it
+
+        MOE = MoeDtypes(torch.bfloat16, torch.bfloat16)
+        """
+    ),
+)
+RECORD_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class LayerState(NamedTuple):
+            ssm_state: torch.Tensor
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        # a table from the record's field names: the last entry is the gate ring's
+        WIRE_DTYPES = dict(zip(LayerState._fields, (torch.float32, torch.half, torch.half, torch.half)))
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class LayerState(NamedTuple):
+            ssm_state: torch.Tensor
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        # a table from the record's field names: the last entry is the gate ring's
+        WIRE_DTYPES = dict(zip(LayerState._fields, (torch.float32, torch.half, torch.half, torch.float32)))
+        """,
+        message_contains="gate cache `g_cache` is given torch.float16 by the dtype table",
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class KDADecodeConfig(NamedTuple):
+            ring_len: int = 4
+            gate_dtype: torch.dtype = torch.bfloat16
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class KDADecodeConfig(NamedTuple):
+            ring_len: int = 4
+            gate_dtype: torch.dtype = torch.float32
+        """,
+        message_contains="named for the gate cache's dtype",
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class CacheRecipe(NamedTuple):
+            state: torch.dtype
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype
+
+        # every ring of the recipe in bf16, the gate ring's log-decays too
+        BF16 = CacheRecipe(*(torch.bfloat16,) * 4)
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class CacheRecipe(NamedTuple):
+            state: torch.dtype
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype
+
+        # every ring of the recipe in bf16, the gate ring's log-decays too
+        BF16 = CacheRecipe(*(torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32))
+        """,
+        message_contains="`gate` of `CacheRecipe`, the gate ring's dtype, is given torch.bfloat16",
+    ),
+    Invalid(
+        """
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass(frozen=True)
+        class RingDtypes:
+            d_cache: torch.dtype
+            k_cache: torch.dtype
+            g_cache: torch.dtype
+
+        def half_rings():
+            return RingDtypes(torch.half, torch.half, g_cache=torch.half)
+        """,
+        expected_fix="""
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass(frozen=True)
+        class RingDtypes:
+            d_cache: torch.dtype
+            k_cache: torch.dtype
+            g_cache: torch.dtype
+
+        def half_rings():
+            return RingDtypes(torch.half, torch.half, g_cache=torch.float32)
+        """,
+        message_contains="`g_cache` of `RingDtypes`",
+    ),
+)
