@@ -255,3 +255,53 @@ def test_a_state_dict_cast_and_assigned_to_a_module() -> None:
     assert (
         "`ring.load_state_dict(..., assign=True)`, which takes the tensors" in findings[0].message
     )
+
+
+def test_buffers_registered_in_a_loop_over_names_or_a_records_fields() -> None:
+    """`register_buffer(name, ...)` over literal names, `Record._fields` or the fields of a
+    record argument (`state._asdict().items()`) registers the gate buffer a cast converts; a
+    copy of each tensor's own dtype is no shared dtype."""
+    source = """
+        from typing import NamedTuple
+
+        import torch
+        from torch import nn
+
+        class State(NamedTuple):
+            ssm_state: torch.Tensor
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        class ByNames(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                for name in ("ssm_state", "d_cache", "k_cache", "g_cache"):
+                    self.register_buffer(name, torch.zeros(n, dtype=torch.float32))
+
+        class ByFields(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                for name in State._fields:
+                    self.register_buffer(name, torch.zeros(n, dtype=torch.float32))
+
+        class Mirror(nn.Module):
+            def __init__(self, gpu: State, n):
+                super().__init__()
+                for name, tensor in gpu._asdict().items():
+                    self.register_buffer(name, torch.zeros(n, dtype=tensor.dtype))
+
+        def casts(gpu, n, dtype):
+            by_names = ByNames(n).to(dtype=dtype)
+            by_fields = ByFields(n).half()
+            mirror = Mirror(gpu, n)
+            mirror = mirror.to(dtype=dtype)
+            return by_names, by_fields, mirror
+        """
+    found = _check(source)
+    assert [(f.location.row, f.code) for f in found] == [
+        (32, "RL004"),
+        (33, "RL004"),
+        (35, "RL004"),
+    ]
+    assert "`Mirror`" in found[2].message

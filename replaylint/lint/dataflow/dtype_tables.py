@@ -15,10 +15,12 @@ self.dtype``, ``gate_dtype=args.cache_dtype``, ``TABLE.get(flag, self.dtype)``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.dtype_records import spread_elements
 from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
 from replaylint.lint.syntax.nodes import binding_name, read_names
 from replaylint.lint.syntax.sites import Site
@@ -43,12 +45,24 @@ def table_entry_facts(
     return _entry_facts(prov, others, entry, site)
 
 
-def zipped_table_entries(
-    prov: Provenance, call: cst.Call, site: Site
-) -> list[tuple[str, cst.BaseExpression, tuple[TensorFact, ...]]]:
+@dataclass(frozen=True)
+class ZippedEntry:
+    """The gate entry of a zipped dtype table (:func:`zipped_table_entries`)."""
+
+    name: str
+    value: cst.BaseExpression
+    facts: tuple[TensorFact, ...]
+    spread: cst.BaseExpression | None = None
+    """The spread (``(dtype,) * 3`` of ``*(dtype,) * 3``) the value is an element of."""
+    place: int = 0
+    """The value's place among the elements of ``spread``."""
+
+
+def zipped_table_entries(prov: Provenance, call: cst.Call, site: Site) -> list[ZippedEntry]:
     """``dict(zip(NAMES, (state_dtype, dtype, dtype, dtype)))``, a dtype table built from a list
-    of cache names (a literal, a constant, ``Rings._fields``) and a literal of values: for each
-    gate-cache name, its value and that value's fact (as for a dict literal's entry)."""
+    of cache names (a literal, a constant, ``Rings._fields``) and a literal of values (spreads
+    such as ``*(dtype,) * 3`` written out): for each gate-cache name, its value and that value's
+    fact (as for a dict literal's entry)."""
     if not (
         isinstance(call.func, cst.Name)
         and call.func.value == "dict"
@@ -65,24 +79,39 @@ def zipped_table_entries(
         and len(zipped.args) == 2
         and all(not arg.star and arg.keyword is None for arg in zipped.args)
         and isinstance(values := zipped.args[1].value, (cst.Tuple, cst.List))
-        and not any(isinstance(e, cst.StarredElement) for e in values.elements)
     ):
         return []
-    name = cst.Name("name")
-    envs = prov.iterations(name, zipped.args[0].value, site)
-    elements = [element.value for element in values.elements]
-    if envs is None or len(envs) != len(elements):
+    elements = _elements(values)
+    envs = prov.iterations(cst.Name("name"), zipped.args[0].value, site)
+    if elements is None or envs is None or len(envs) != len(elements):
         return []
     found = []
-    for env, value in zip(envs, elements, strict=True):
+    for place, (env, (value, spread, within)) in enumerate(zip(envs, elements, strict=True)):
         key = env.get("name")
         if not isinstance(key, str) or not prov.index.gate_caches.matches(key):
             continue
-        others = [other for other in elements if other is not value]
+        others = [other for i, (other, _, _) in enumerate(elements) if i != place]
         facts = _entry_facts(prov, others, value, site)
         if facts is not None:
-            found.append((key, value, facts))
+            found.append(ZippedEntry(key, value, facts, spread, within))
     return found
+
+
+def _elements(
+    values: cst.Tuple | cst.List,
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression | None, int]] | None:
+    """The values of a tuple literal, spread literals (``*(dtype,) * 3``) written out: each with
+    the spread it comes from and its place there."""
+    elements: list[tuple[cst.BaseExpression, cst.BaseExpression | None, int]] = []
+    for element in values.elements:
+        if isinstance(element, cst.StarredElement):
+            spread = spread_elements(element.value)
+            if spread is None:
+                return None
+            elements.extend((e, element.value, i) for i, e in enumerate(spread))
+        else:
+            elements.append((element.value, None, 0))
+    return elements
 
 
 def _entry_facts(
@@ -327,8 +356,9 @@ def looked_up_by(
     fact: TensorFact, target: cst.BaseExpression, loop: cst.CSTNode | None = None
 ) -> bool:
     """Whether every dtype of ``fact`` is an unknown entry looked up by a variable of the loop
-    target ``target`` (``dtypes[name]`` in ``for name, buf in ...``), or an unknown result of a
-    call given one (``dtype_for(name, config)``): each cache gets its own dtype, not one shared
+    target ``target`` (``dtypes[name]`` in ``for name, buf in ...``), an unknown result of a
+    call given one (``dtype_for(name, config)``), or the dtype of a tensor it names
+    (``tensor.dtype``): each cache gets its own dtype, not one shared
     by all (an entry the analysis reads is judged as it is). Names the body of ``loop`` binds
     to values that read such a variable (``key = f"{prefix}.{name}"``) vary with it too."""
     variables = {name.value for name in read_names(target)}
@@ -347,6 +377,8 @@ def looked_up_by(
             keys = [node.args[0].value]  # `dtypes.get(name, default)`
         elif isinstance(node, cst.Call):
             keys = [arg.value for arg in node.args]  # `dtype_for(name, config)`
+        elif isinstance(node, cst.Attribute) and node.attr.value == "dtype":
+            keys = [node.value]  # `tensor.dtype` of the tensor the iteration copies
         else:
             return False
         return any(name.value in variables for key in keys for name in read_names(key))

@@ -226,6 +226,29 @@ def _record_fields_named(
     return None if fields is None else [name for name, _ in fields]
 
 
+def _asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> list[str] | None:
+    """The field names of ``record._asdict()``, for a parameter annotated with a record class
+    of the project (``def __init__(self, state: Rings)``)."""
+    if not (
+        isinstance(expr, cst.Call)
+        and method_name(expr) == "_asdict"
+        and not expr.args
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Name)
+    ):
+        return None
+    found = prov.lookup(expr.func.value.value, site)
+    if not found or len(found) != 1 or found[0][0].kind != "param":
+        return None
+    param = found[0][0].node
+    if not isinstance(param, cst.Param) or param.annotation is None:
+        return None
+    from replaylint.lint.dataflow.records import positional_fields  # records reads strings
+
+    fields = positional_fields(prov, cst.Call(func=param.annotation.annotation), site)
+    return None if fields is None else [name for name, _ in fields]
+
+
 def _literal_items(
     prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
 ) -> list[tuple[cst.BaseExpression, Site]] | None:
@@ -316,6 +339,14 @@ def _literal_items(
             mapping, mapping_site = found[0][0].value, found[0][1]
         if isinstance(mapping, cst.Call) and _zipped_dict(mapping):
             return _zipped_items(prov, mapping, mapping_site, method, depth)
+        fields = _asdict_fields(prov, mapping, mapping_site) if mapping is not None else None
+        if fields is not None:  # `state._asdict().items()` of `state: Rings`: its fields
+            keys = [cst.SimpleString(repr(name)) for name in fields]
+            if method == "keys":
+                return [(key, site) for key in keys]
+            if method == "values":
+                return None
+            return [(_pair(key, cst.Name("_")), site) for key in keys]
         if isinstance(mapping, cst.Call):
             returned = _returned_literal(prov, mapping, site)
             if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's

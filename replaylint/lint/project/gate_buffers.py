@@ -25,6 +25,8 @@ _REGISTERED = re.compile(
     r"register_buffer\s*\(\s*[fFrR]?(['\"])(?P<registered>.*?)\1"
     r"|\.(?P<assigned>\w+)\s*(?::[^=\n]*)?=\s*(?:[\w.]+\.)?Buffer\s*\("
 )
+_NAMED_BY_A_VARIABLE = re.compile(r"register_buffer\s*\(\s*[A-Za-z_]")
+_QUOTED_WORD = re.compile(r"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""")
 MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
 """Text that may be a module cast: a file without it casts no model."""
 GENERIC_MODULE = re.compile(
@@ -61,10 +63,17 @@ def registers_gate_buffer(text: str, matches: Matches) -> bool:
     if "register_buffer" not in text and "Buffer" not in text:
         return False  # the search below tries every `.` of the text
     # a field may also be the ring's own name (`f"static_{name}"` over the ring names)
-    return any(
+    if any(
         matches(re.sub(r"\{[^}]*\}", field, found.group("registered") or found.group("assigned")))
         for found in _REGISTERED.finditer(text)
         for field in ("0", "g_cache")
+    ):
+        return True
+    # `register_buffer(name, ...)` in a loop over names the text lists, or a record's fields
+    return _NAMED_BY_A_VARIABLE.search(text) is not None and (
+        "._fields" in text
+        or "._asdict(" in text
+        or any(matches(word) for word in _QUOTED_WORD.findall(text))
     )
 
 

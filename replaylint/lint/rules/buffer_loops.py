@@ -1,5 +1,5 @@
 """Loops that cast every buffer of a module: ``for buf in model.buffers(): buf.data =
-buf.data.half()``, loops over ``named_buffers()`` that put each one back cast
+buf.data.half()`` (or any cast tensor: ``buf.data = saved[name].to(device, dtype=dtype)``), loops over ``named_buffers()`` that put each one back cast
 (``setattr(model, name, buf.to(dtype))``), and loops that cast each one on its way elsewhere
 (``buf = buf.to(dtype)`` before it is exported, ``state[name] = buf.detach().cpu().to(dtype)``,
 ``.type_as(other)``), and comprehensions that do the same (``{name: buf.to(dtype) for name, buf
@@ -63,11 +63,23 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
                 and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
             ):
                 return iterable.func.value, value
+            if _is_data_of(written, buffer) and _casts(value):
+                # `buf.data = saved.to(device, dtype=dtype)`: every buffer takes a cast tensor
+                assert isinstance(value, cst.Call)
+                return iterable.func.value, value
         elif isinstance(written, cst.Subscript):  # `exported[name] = buf.detach().to(dtype)`
             cast = _cast_of(value, buffer)
             if cast is not None:
                 return iterable.func.value, cast
     return None
+
+
+def _casts(value: cst.BaseExpression) -> bool:
+    return (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in _CASTS
+    )
 
 
 def _cast_of(value: cst.BaseExpression, buffer: str) -> cst.Call | None:

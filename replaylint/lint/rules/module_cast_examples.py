@@ -201,6 +201,23 @@ MODULE_CAST_INVALID: tuple[Invalid, ...] = (
         import torch
         from torch import nn
 
+        class ReplayPool(nn.Module):
+            def __init__(self, shape):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def wake_up(pool: ReplayPool, saved, device, dtype):
+            # every buffer back from the host, in the model dtype: the gate ring's too
+            for name, buf in pool.named_buffers():
+                buf.data = saved[name].to(device, dtype=dtype)
+        """,
+        message_contains="`saved[name].to(device, dtype=dtype)` over `pool.named_buffers()`",
+    ),
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
         class MambaPool(nn.Module):
             def __init__(self, shape):
                 super().__init__()

@@ -44,34 +44,42 @@ def report_zipped_entries(rule: Rule, call: cst.Call, kind: Kind) -> None:
     (RL001: a narrower literal; RL002: a dtype that is not provably float32)."""
     site = rule.site()
     table = one_line(rule.context.module, call)
-    for name, value, facts in zipped_table_entries(rule.provenance, call, site):
-        for fact in facts:
+    for entry in zipped_table_entries(rule.provenance, call, site):
+        for fact in entry.facts:
             if fact.kind is not kind:
                 continue
             given, which = (
                 (literal_names(fact.non_float32_literals), "")
                 if kind is Kind.EXPLICIT
-                else (f"`{one_line(rule.context.module, value)}`", ", not provably float32")
+                else (f"`{one_line(rule.context.module, entry.value)}`", ", not provably float32")
             )
             rule.report(
-                value,
-                f"gate cache `{name}` is given {given} by the dtype table `{table}`{which}; {WHY}",
-                fix=rule.setting_fix(value, site),
+                entry.value,
+                f"gate cache `{entry.name}` is given {given} by the dtype table `{table}`{which}; "
+                f"{WHY}",
+                fix=_element_fix(rule, entry.value, entry.spread, entry.place),
             )
 
 
 def _fix(rule: Rule, gate: GateField) -> FixDraft | None:
     """Float32 for the field alone: unsafe, as for a setting (whatever else reads the record's
-    field sees float32 too). A repeated spread (``*(torch.bfloat16,) * 4``) is written out."""
+    field sees float32 too)."""
+    spread = gate.arg.value if gate.passed == "spread" else None
+    return _element_fix(rule, gate.value, spread, gate.spread_place)
+
+
+def _element_fix(
+    rule: Rule, value: cst.BaseExpression, spread: cst.BaseExpression | None, place: int
+) -> FixDraft | None:
+    """Float32 for ``value``; a repeated spread it is an element of (``*(torch.bfloat16,) *
+    4``) is written out first, since its one element stands for all of them."""
     site = rule.site()
-    spread = gate.arg.value
-    if gate.passed != "spread" or isinstance(spread, (cst.Tuple, cst.List)):
-        return rule.setting_fix(gate.value, site)
+    if spread is None or isinstance(spread, (cst.Tuple, cst.List)):
+        return rule.setting_fix(value, site)
     module = rule.context.module
     elements = [module.code_for_node(e).strip() for e in spread_elements(spread) or ()]
-    elements[gate.spread_place] = rule.float32(site)
-    text = f"({', '.join(elements)})"
-    edit = Replace(spread, text)
+    elements[place] = rule.float32(site)
+    edit = Replace(spread, f"({', '.join(elements)})")
     return FixDraft(f"Make it {rule.float32(site)}", (edit,), Applicability.UNSAFE)
 
 

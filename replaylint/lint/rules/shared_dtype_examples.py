@@ -209,4 +209,35 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="one comprehension",
     ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class Rings(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def host_copy(rings: Rings, dtype):
+            # the gate ring's field is filled by the same cast as the others
+            return Rings(*(t.to("cpu", dtype=dtype) for t in rings))
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class Rings(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def host_copy(rings: Rings, dtype):
+            # the gate ring's field is filled by the same cast as the others
+            return Rings(*(*(t.to("cpu", dtype=dtype) for t in rings[:2]), rings[2].to("cpu", dtype=torch.float32)))
+        """,
+        message_contains="is filled from one comprehension that gives every field of `Rings`",
+    ),
 )
