@@ -305,3 +305,36 @@ def test_buffers_registered_in_a_loop_over_names_or_a_records_fields() -> None:
         (35, "RL004"),
     ]
     assert "`Mirror`" in found[2].message
+
+
+def test_a_restore_of_listed_buffers_undoes_the_cast_it_runs_with() -> None:
+    """A helper that puts back to float32 the buffers each submodule lists
+    (`sub._buffers[name] = buf.float()`) undoes a cast whose result it is given under the
+    same test; the cast in the other branch, which it does not run with, stays reported."""
+    source = """
+        import torch
+        from torch import nn
+
+        class Ring(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+                self._fp32_buffer_names = ("g_cache",)
+
+        def restore_fp32_buffers(module):
+            for sub in module.modules():
+                for name in getattr(sub, "_fp32_buffer_names", ()):
+                    sub._buffers[name] = sub._buffers[name].float()
+            return module
+
+        class Float16Module(nn.Module):
+            def __init__(self, module: Ring, fp16: bool, bf16: bool):
+                super().__init__()
+                if fp16:
+                    self.add_module("module", module.half())
+                elif bf16:
+                    self.add_module("module", module.bfloat16())
+                if bf16:
+                    restore_fp32_buffers(self.module)
+        """
+    assert _rows(_check(source)) == [21]

@@ -129,6 +129,10 @@ def _numpy_origin(prov: Provenance, expr: cst.BaseExpression, site: Site, env: E
                 _numpy_origin(prov, b.value, s, env)
                 for b, s in found
                 if b.kind in {"assign", "with"} and b.value is not None
+            } | {  # `for name, array in np.load(path).items():` an entry of the archive
+                _numpy_origin(prov, iterated, s, env)
+                for b, s in found
+                if b.kind == "loop" and (iterated := _iterated(b.statement, b.node)) is not None
             }
             if "loaded" in origins:
                 return "loaded"

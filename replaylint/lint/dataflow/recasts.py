@@ -35,11 +35,48 @@ def undone_for(prov: Provenance, call: cst.Call, site: Site, buffer: str) -> boo
     layer.g_cache.float()``)."""
     names = _names_of_result(call, site)
     takers = _takers(call, site, names)
-    if any(buffer in _restored(prov, taker.func, site) for taker in takers):
+    if any(
+        _restores(_restored(prov, taker.func, site), buffer) and _runs_with(site.scope, taker, call)
+        for taker in takers
+    ):
         return True
     return buffer in _chained_restores(prov, call, site) or _restored_later(
         call, site, names, buffer
     )
+
+
+# what a restorer records for the buffers each module lists in an attribute of its own
+# (`for name in getattr(sub, "_fp32_buffer_names", ()): sub._buffers[name] = buf.float()`)
+LISTED = "*"
+
+
+def _restores(restored: set[str], buffer: str) -> bool:
+    return buffer in restored or LISTED in restored
+
+
+def _runs_with(scope: cst.CSTNode, taker: cst.Call, call: cst.Call) -> bool:
+    """Whether ``taker`` runs whenever the cast ``call`` does, as far as the scope's ``if``
+    statements tell: each test it runs under encloses the cast too, or is written the same as
+    one that does, on the same side (``if self.bf16: restore(...)`` after ``elif self.bf16:
+    cast``; not after ``if self.fp16: cast``)."""
+    return _conditions(scope, taker) <= _conditions(scope, call)
+
+
+def _conditions(scope: cst.CSTNode, node: cst.CSTNode) -> set[tuple[str, bool]]:
+    """``(test as written, whether node is in its body)`` for every ``if`` around ``node``."""
+    found: set[tuple[str, bool]] = set()
+    module = cst.Module([])
+    for inner in descendants(scope):
+        if isinstance(inner, cst.If):
+            if _contains(inner.body, node):
+                found.add((module.code_for_node(inner.test), True))
+            elif inner.orelse is not None and _contains(inner.orelse, node):
+                found.add((module.code_for_node(inner.test), False))
+    return found
+
+
+def _contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(inner is node for inner in descendants(root))
 
 
 def _chained_restores(prov: Provenance, call: cst.Call, site: Site) -> set[str]:
@@ -114,7 +151,31 @@ def _names_of_result(call: cst.Call, site: Site) -> set[str]:
                 names.update(
                     name for t in small.targets if (name := binding_name(t.target)) is not None
                 )
+                names.update(
+                    dotted for t in small.targets if (dotted := dotted_name(t.target)) is not None
+                )
+            held = _added_module(small, call)
+            if held is not None:  # `self.add_module("module", module.bfloat16())`
+                names.add(held)
     return names
+
+
+def _added_module(small: cst.BaseSmallStatement, call: cst.Call) -> str | None:
+    """``self.module`` for ``self.add_module("module", <the cast>)``."""
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return None
+    adding = small.value
+    if not (
+        isinstance(adding.func, cst.Attribute)
+        and adding.func.attr.value == "add_module"
+        and len(adding.args) == 2
+        and isinstance(adding.args[0].value, cst.SimpleString)
+        and any(n is call for n in descendants(adding.args[1].value))
+    ):
+        return None
+    owner = dotted_name(adding.func.value)
+    name = adding.args[0].value.evaluated_value
+    return f"{owner}.{name}" if owner is not None and isinstance(name, str) else None
 
 
 def _takers(call: cst.Call, site: Site, names: set[str]) -> Iterator[cst.Call]:
@@ -123,10 +184,7 @@ def _takers(call: cst.Call, site: Site, names: set[str]) -> Iterator[cst.Call]:
         if (
             isinstance(node, cst.Call)
             and node is not call
-            and any(
-                arg.value is call or (isinstance(arg.value, cst.Name) and arg.value.value in names)
-                for arg in node.args
-            )
+            and any(arg.value is call or dotted_name(arg.value) in names for arg in node.args)
         ):
             yield node
 
@@ -171,7 +229,17 @@ def _restored_by(function: cst.FunctionDef) -> set[str]:
             found.update(
                 t.target.attr.value for t in node.targets if isinstance(t.target, cst.Attribute)
             )
+            if any(_into_buffers(t.target) for t in node.targets):
+                found.add(LISTED)  # `module._buffers[name] = buffer.float()`
     return found
+
+
+def _into_buffers(target: cst.BaseExpression) -> bool:
+    return (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Attribute)
+        and target.value.attr.value == "_buffers"
+    )
 
 
 def _makes_float32(value: cst.BaseExpression) -> bool:

@@ -361,6 +361,15 @@ def restorers(tree: ast.Module) -> dict[str, list[str]]:
                 for target in node.targets
                 if isinstance(target, ast.Attribute)
             }
+            | {  # `module._buffers[name] = buffer.float()`: each buffer a module lists
+                "*"
+                for node in ast.walk(function)
+                if isinstance(node, ast.Assign) and _makes_float32(node.value)
+                for target in node.targets
+                if isinstance(target, ast.Subscript)
+                and isinstance(target.value, ast.Attribute)
+                and target.value.attr == "_buffers"
+            }
         )
         if restored:
             found[name] = restored

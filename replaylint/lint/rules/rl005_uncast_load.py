@@ -185,6 +185,27 @@ loaded value — device, shape, layout — changes.
     INVALID = (
         Invalid(
             """
+            import numpy as np
+            import torch
+
+            def restore(pool, path):
+                for name, array in np.load(path).items():
+                    if name == "g_cache":
+                        pool.g_cache = torch.from_numpy(array)
+            """,
+            expected_fix="""
+            import numpy as np
+            import torch
+
+            def restore(pool, path):
+                for name, array in np.load(path).items():
+                    if name == "g_cache":
+                        pool.g_cache = torch.from_numpy(array).to(torch.float32)
+            """,
+            message_contains="is loaded from a numpy array read from a file",
+        ),
+        Invalid(
+            """
             import torch
 
             def restore(self, path):
