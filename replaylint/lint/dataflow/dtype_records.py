@@ -48,6 +48,8 @@ def gate_field_arguments(prov: Provenance, call: cst.Call) -> list[GateField]:
     """The arguments ``call`` passes for the gate-dtype fields of the record class it constructs,
     a class of the module (whose text then names the field, as the pre-filter requires); empty
     for anything else."""
+    if not isinstance(call.func, cst.Name):
+        return []
     cls = _record_class(prov, call)
     fields = record_fields(cls) if cls is not None else None
     if cls is None or not fields:
@@ -81,7 +83,7 @@ def gate_field_arguments(prov: Provenance, call: cst.Call) -> list[GateField]:
 def _record_class(prov: Provenance, call: cst.Call) -> cst.ClassDef | None:
     if not isinstance(call.func, cst.Name):
         return None
-    named = [cls for cls in prov.index.classes() if cls.name.value == call.func.value]
+    named = prov.index.declared_classes().get(call.func.value, [])
     return named[0] if len(named) == 1 else None
 
 

@@ -41,6 +41,7 @@ class ModuleIndex:
         self._reads: dict[tuple[int, str], int] = {}
         self._calls: dict[str, list[cst.Call]] | None = None
         self._classes: list[cst.ClassDef] | None = None
+        self._declared: dict[str, list[cst.ClassDef]] | None = None
         self._withs: list[cst.With] | None = None
         self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
@@ -106,6 +107,21 @@ class ModuleIndex:
             self._collect()
         assert self._classes is not None
         return self._classes
+
+    def declared_classes(self) -> dict[str, list[cst.ClassDef]]:
+        """The classes of the module's top level and of their bodies, by name: found without a
+        walk of every statement, for the question whether a call constructs one."""
+        if self._declared is None:
+            declared: dict[str, list[cst.ClassDef]] = {}
+            pending: list[cst.CSTNode] = list(self.module.body)
+            while pending:
+                statement = pending.pop()
+                if isinstance(statement, cst.ClassDef):
+                    declared.setdefault(statement.name.value, []).append(statement)
+                    body = statement.body
+                    pending.extend(body.body if isinstance(body, cst.IndentedBlock) else ())
+            self._declared = declared
+        return self._declared
 
     def withs(self) -> list[cst.With]:
         """Every ``with`` statement of the module."""

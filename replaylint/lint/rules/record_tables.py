@@ -43,8 +43,9 @@ def report_zipped_entries(rule: Rule, call: cst.Call, kind: Kind) -> None:
     """Report the gate entries of the zipped dtype table ``call`` builds whose fact is ``kind``
     (RL001: a narrower literal; RL002: a dtype that is not provably float32)."""
     site = rule.site()
-    table = one_line(rule.context.module, call)
-    for entry in zipped_table_entries(rule.provenance, call, site):
+    entries = zipped_table_entries(rule.provenance, call, site)
+    table = one_line(rule.context.module, call) if entries else ""
+    for entry in entries:
         for fact in entry.facts:
             if fact.kind is not kind:
                 continue
