@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import libcst as cst
 
+from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, record_fields
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["GateField", "gate_field_arguments", "spread_elements"]
 
-# the gate's own word as a whole field name, beside the d and k rings' fields
-_GATE_FIELD_WORDS = frozenset({"gate", "g", "log_decay", "logdecay", "decay", "alpha", "log_alpha"})
 _MAX_SPREAD = 64  # a repeated tuple longer than this is no record of ring dtypes
 
 
@@ -106,7 +105,7 @@ def _gate_dtype_field(prov: Provenance, name: str, names: list[str], declared: s
     if gate_caches.names_gate_dtype(name):
         return True
     if name not in declared or (
-        name.lower() not in _GATE_FIELD_WORDS and not gate_caches.matches(name)
+        name.lower() not in GATE_FIELD_WORDS and not gate_caches.matches(name)
     ):
         return False
     words = [set(other.lower().split("_")) for other in names if other != name]

@@ -228,15 +228,11 @@ def borrowed_gate_dtype(
     record of ring dtypes that holds the gate ring's (:mod:`.dtype_records`)."""
     if value is None:
         return None
-    if gate_field is not None:
-        name: str | None = gate_field
-    elif isinstance(target, (cst.Name, cst.Attribute)):
-        name = binding_name(target)
+    name = gate_field
+    if name is None:
+        name = binding_name(target) if isinstance(target, (cst.Name, cst.Attribute)) else None
         if name is None or not prov.index.gate_caches.names_gate_dtype(name):
             return None
-    else:
-        return None
-    assert name is not None
     for borrowed in _choices(value):
         if isinstance(borrowed, cst.Subscript):
             if _narrower_entry_of_a_table(prov, borrowed, site):

@@ -36,7 +36,8 @@ def undone_for(prov: Provenance, call: cst.Call, site: Site, buffer: str) -> boo
     names = _names_of_result(call, site)
     takers = _takers(call, site, names)
     if any(
-        _restores(_restored(prov, taker.func, site), buffer) and _runs_with(site.scope, taker, call)
+        _restores(_restored(prov, taker.func, site), buffer)
+        and _runs_with(prov, site.scope, taker, call)
         for taker in takers
     ):
         return True
@@ -54,29 +55,25 @@ def _restores(restored: set[str], buffer: str) -> bool:
     return buffer in restored or LISTED in restored
 
 
-def _runs_with(scope: cst.CSTNode, taker: cst.Call, call: cst.Call) -> bool:
+def _runs_with(prov: Provenance, scope: cst.CSTNode, taker: cst.Call, call: cst.Call) -> bool:
     """Whether ``taker`` runs whenever the cast ``call`` does, as far as the scope's ``if``
     statements tell: each test it runs under encloses the cast too, or is written the same as
     one that does, on the same side (``if self.bf16: restore(...)`` after ``elif self.bf16:
     cast``; not after ``if self.fp16: cast``)."""
-    return _conditions(scope, taker) <= _conditions(scope, call)
+    return _conditions(prov, scope, taker) <= _conditions(prov, scope, call)
 
 
-def _conditions(scope: cst.CSTNode, node: cst.CSTNode) -> set[tuple[str, bool]]:
+def _conditions(prov: Provenance, scope: cst.CSTNode, node: cst.CSTNode) -> set[tuple[str, bool]]:
     """``(test as written, whether node is in its body)`` for every ``if`` around ``node``."""
     found: set[tuple[str, bool]] = set()
     module = cst.Module([])
     for inner in descendants(scope):
         if isinstance(inner, cst.If):
-            if _contains(inner.body, node):
+            if prov.within(node, inner.body):
                 found.add((module.code_for_node(inner.test), True))
-            elif inner.orelse is not None and _contains(inner.orelse, node):
+            elif inner.orelse is not None and prov.within(node, inner.orelse):
                 found.add((module.code_for_node(inner.test), False))
     return found
-
-
-def _contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
-    return any(inner is node for inner in descendants(root))
 
 
 def _chained_restores(prov: Provenance, call: cst.Call, site: Site) -> set[str]:

@@ -220,10 +220,7 @@ def _record_fields_named(
     """The field names ``Record._fields`` lists, for a record class of the project."""
     if not (isinstance(expr, cst.Attribute) and expr.attr.value == "_fields"):
         return None
-    from replaylint.lint.dataflow.records import positional_fields  # records reads strings
-
-    fields = positional_fields(prov, cst.Call(func=expr.value), site)
-    return None if fields is None else [name for name, _ in fields]
+    return _field_names(prov, expr.value, site)
 
 
 def _asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> list[str] | None:
@@ -243,9 +240,14 @@ def _asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> li
     param = found[0][0].node
     if not isinstance(param, cst.Param) or param.annotation is None:
         return None
+    return _field_names(prov, param.annotation.annotation, site)
+
+
+def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[str] | None:
+    """The positional fields of the project's record class ``cls`` names."""
     from replaylint.lint.dataflow.records import positional_fields  # records reads strings
 
-    fields = positional_fields(prov, cst.Call(func=param.annotation.annotation), site)
+    fields = positional_fields(prov, cst.Call(func=cls), site)
     return None if fields is None else [name for name, _ in fields]
 
 

@@ -37,6 +37,9 @@ _RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 
 # words that name the gate ring in a dtype setting (`gate_dtype`, `g_dtype`, `gate_ring_dtype`)
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
+# the gate ring's field of a record of the rings' dtypes, by its word alone (`gate: torch.dtype`
+# beside `delta` and `key`): what the pre-filter looks for and the analysis reads
+GATE_FIELD_WORDS = frozenset({"gate", "g", "log_decay", "logdecay", "decay", "alpha", "log_alpha"})
 _GATE_RING_WORDS = frozenset({"gate_ring", "g_ring", "log_decay"})
 # what a ring's name adds to what it holds (`logdecay_ring` holds log-decays)
 _RING_SUFFIXES = ("ring", "cache", "buf", "buffer", "ring_buf", "history")

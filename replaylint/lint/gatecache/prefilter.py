@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import contains_needle
-from replaylint.lint.gatecache.names import GATE_DTYPE_WORDS, GateCacheNames
+from replaylint.lint.gatecache.names import GATE_DTYPE_WORDS, GATE_FIELD_WORDS, GateCacheNames
 
 _GLOB_META = re.compile(r"[*?\[\]]")
 _WORD_FROM = re.compile(r"\w*")
@@ -28,14 +28,9 @@ _LONGEST_WORD = 256  # how far left of a core to look for the start of its ident
 _QUOTED = ('"', "'", 's"', "s'")
 # A record of the rings' dtypes declares the gate ring's field by its word alone
 # (:mod:`replaylint.lint.dataflow.dtype_records`); other names of it contain a core already.
-_RECORD_FIELD_NEEDLES = (
-    "gate: torch.dtype",
-    "g: torch.dtype",
-    "decay: torch.dtype",
-    "alpha: torch.dtype",
-)
+_RECORD_FIELD_NEEDLES = tuple(f"{word}: torch.dtype" for word in sorted(GATE_FIELD_WORDS))
 _RECORD_FIELD = re.compile(
-    r"^[ \t]+(?:gate|g|log_?decay|decay|alpha|log_alpha)[ \t]*:[ \t]*torch\.dtype\b",
+    rf"^[ \t]+(?:{'|'.join(sorted(GATE_FIELD_WORDS))})[ \t]*:[ \t]*torch\.dtype\b",
     re.MULTILINE | re.IGNORECASE,
 )
 

@@ -8,6 +8,7 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_records import gate_field_arguments
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -558,6 +559,6 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
 
 def _returns_an_argument(function: cst.FunctionDef, value: cst.BaseExpression | None) -> bool:
     """Whether ``value`` is one of ``function``'s parameters (``return wire_dtype``)."""
-    params = function.params
-    named = [*params.posonly_params, *params.params, *params.kwonly_params]
-    return isinstance(value, cst.Name) and any(p.name.value == value.value for p in named)
+    return isinstance(value, cst.Name) and any(
+        p.name.value == value.value for p in all_params(function.params)
+    )
