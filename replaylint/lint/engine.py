@@ -120,6 +120,7 @@ class Linter:
                 if view is not None
                 else None
             ),
+            write_receivers=[checker.check_write for checker in checkers if checker.wants_writes()],
         )
         context.site = walker.site
         try:

@@ -478,6 +478,57 @@ def test_a_weight_a_function_of_another_module_upcasts_is_in_the_models_dtype(
     assert lint_in_project(tmp_path, files, "pkg/model.py") == []
 
 
+def test_a_view_of_a_weight_handed_to_a_widening_function_marks_the_weight(
+    tmp_path: Path,
+) -> None:
+    # `A_log = self.A_log.view(-1)` passed to the widening helper: the class still expects
+    # `self.A_log` in the model's dtype
+    model = _MODEL.format(helper="exact_log_decay").replace(
+        "rings.g_cache = exact_log_decay(self.a_proj(x), self.A_log).float()",
+        "A_log = self.A_log.view(-1)\n        rings.g_cache = exact_log_decay(self.a_proj(x), A_log).float()",
+    )
+    files = {"pkg/__init__.py": "", "pkg/kernels.py": _KERNELS, "pkg/model.py": model}
+    rows = [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/model.py")]
+    assert rows == [(19, "RL003")]
+    # a local that is rebound to something else is not a view of the weight
+    rebound = model.replace(
+        "A_log = self.A_log.view(-1)\n", "A_log = self.A_log.view(-1)\n        A_log = x\n"
+    )
+    files["pkg/model.py"] = rebound
+    assert lint_in_project(tmp_path, files, "pkg/model.py") == []
+
+
+def test_values_written_into_the_ring_are_checked_for_the_models_dtype() -> None:
+    source = """
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Draft(nn.Module):
+            normalizer = 16.0
+
+            def __init__(self, dim):
+                super().__init__()
+                self.f_proj = nn.Linear(dim, dim)
+
+            def gate(self, hidden):
+                return F.logsigmoid(self.f_proj(hidden)) / self.normalizer
+
+            def step(self, hidden, slot, t):
+                self.g_cache[slot, :, t] = self.gate(hidden)
+                self.g_cache[slot].copy_(F.logsigmoid(self.f_proj(hidden)))
+                self.g_cache[slot].index_copy_(0, t, self.f_proj(hidden).sigmoid())
+        """
+    assert _rows(source) == [(13, "RL003"), (17, "RL003"), (18, "RL003")]
+    # computed in float32: the copy writes what was computed
+    assert _rows(source.replace("(hidden)", "(hidden).float()")) == []
+    # a class constant that is a tensor may promote: not a number
+    assert _rows(source.replace("normalizer = 16.0", "normalizer = torch.ones(1)")) == [
+        (17, "RL003"),
+        (18, "RL003"),
+    ]
+
+
 def test_an_element_a_method_of_the_module_returns_is_followed() -> None:
     # `a, beta = self.project(x)`: `a` is what `project` returns in that place, a layer's output
     source = """

@@ -155,3 +155,49 @@ def build():
     files = {"pkg/__init__.py": "", "pkg/config.py": config, "pkg/user.py": user}
     found = lint_in_project(tmp_path, files, "pkg/user.py")
     assert [(f.code, f.location.row) for f in found] == [("RL001", 9)]
+
+
+def test_a_property_decides_for_an_annotated_parameter_whatever_sets_attributes(
+    tmp_path: Path,
+) -> None:
+    # an instance of a class with a base (whose `__init__` may set attributes), in a module
+    # that sets attributes by name: neither can replace a property that has no setter
+    config = """
+import torch
+
+from .compat import PretrainedConfig
+
+
+class KimiConfig(PretrainedConfig):
+    torch_dtype = "bfloat16"
+
+    @property
+    def gate_ring_dtype(self):
+        return torch.float32
+
+    @property
+    def wire_dtype(self):
+        return torch.bfloat16
+"""
+    user = """
+import torch
+
+from .config import KimiConfig
+
+
+def build(config: KimiConfig, parent, name, module):
+    setattr(parent, name, module)
+    g_cache = torch.zeros(4, dtype=config.gate_ring_dtype)
+    gate_cache = torch.zeros(4, dtype=config.wire_dtype)
+    replayssm_g = torch.zeros(4, dtype=config.torch_dtype)
+    return g_cache, gate_cache, replayssm_g
+"""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/compat.py": "class PretrainedConfig:\n    pass\n",
+        "pkg/config.py": config,
+        "pkg/user.py": user,
+    }
+    found = lint_in_project(tmp_path, files, "pkg/user.py")
+    # the class constant may be replaced on the instance: not provably anything
+    assert [(f.code, f.location.row) for f in found] == [("RL001", 9), ("RL002", 10)]

@@ -475,3 +475,32 @@ def test_a_cast_followed_by_a_restore_of_its_gate_buffers(use: str, reported: bo
     rows = _rows(text)
     cast_row = next(n for n, line in enumerate(text.splitlines(), 1) if "half()" in line)
     assert rows == ([cast_row] if reported else [])
+
+
+def test_a_buffer_loop_over_a_part_of_a_module_without_gate_buffer_classes() -> None:
+    # a loop that casts each buffer of `block.attn.kv_cache` (a class of another module), in a
+    # module whose own classes register no gate buffer: nothing to report, and no error
+    source = """
+        import torch
+        from torch import nn
+
+
+        class GPT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.transformer = nn.ModuleDict(dict(h=nn.ModuleList()))
+
+            def export(self, dtype):
+                tensors = {}
+                for i, block in enumerate(self.transformer.h):
+                    for name, buffer in block.attn.kv_cache.named_buffers():
+                        if dtype is not None and buffer.is_floating_point():
+                            buffer = buffer.to(dtype)
+                        tensors[f"{i}.{name}"] = buffer
+                return tensors
+
+
+        def gate_ring(cache):
+            return cache.g_cache
+        """
+    assert Linter().check(textwrap.dedent(source), "model.py") == []

@@ -228,8 +228,8 @@ class _Trace:
                     found_here = self._returned_element(binding, where, steps)
             else:
                 found_here = None
-            if not found_here:
-                return None
+            # one way of making it from activations is enough: on that path the ring has the
+            # model's dtype, whatever another branch does (`if fused: ... else: helper(...)`)
             described = described or found_here
         return described
 

@@ -238,10 +238,14 @@ class Evaluation:
         if (
             member is None
             or member[0] in {"unknown", "method"}
-            or (flags.get("bases") and not exact)
+            or (flags.get("bases") and not exact and member[0] != "property")
         ):
-            raise Unknown  # an inherited member, or a base class that may define it
-        if name in assigned or "*" in assigned or self.prov.index.assigns_attribute(name):
+            # an inherited member, or a value a base class's `__init__` may set on the
+            # instance; a property of the class itself cannot be set that way
+            raise Unknown
+        if member[0] != "property" and (
+            name in assigned or "*" in assigned or self.prov.index.assigns_attribute(name)
+        ):
             raise Unknown  # an instance may carry another value than the class's
         where = Origin(f"{found.name}.{name}", view.index.path_of(found.module), int(member[1]))
         inner = Context(found.module, instance=instance, origins=(*found.origins, where))

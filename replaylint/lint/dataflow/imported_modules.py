@@ -22,13 +22,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.helpers import CalledFunction, called_function
 from replaylint.lint.dataflow.imported import MALFORMED
-from replaylint.lint.dataflow.instances import (
-    INHERITED_CONSTRUCTORS,
-    MODULE_CHAIN,
-    annotated_name,
-    chain_root,
-    wrapped_class,
-)
+from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, chain_root
 from replaylint.lint.dataflow.new_instances import constructed_here, methods_called
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.scalars import instance_values
@@ -42,6 +36,7 @@ from replaylint.lint.project.gate_buffers import (
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.annotations import annotated_name, wrapped_class
 from replaylint.lint.syntax.nodes import (
     dotted_name,
     plain_element,

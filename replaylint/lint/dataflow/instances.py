@@ -19,6 +19,7 @@ attributes of ``self``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,10 +36,10 @@ from replaylint.lint.dataflow.module_classes import (
     is_static,
     module_classes,
 )
+from replaylint.lint.syntax.annotations import annotated_name, class_parameter, wrapped_class
 from replaylint.lint.syntax.nodes import (
     decorated,
     dotted_name,
-    literal_string,
     plain_element,
     properties_named,
 )
@@ -73,10 +74,15 @@ def chain_root(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 # ---------------------------------------------------------------- what a value holds (may)
 def contained_classes(
-    prov: Provenance, classes: ModuleClasses, expr: cst.BaseExpression, site: Site
+    prov: Provenance,
+    classes: ModuleClasses,
+    expr: cst.BaseExpression,
+    site: Site,
+    passed: dict[str, Names] | None = None,
 ) -> Names:
-    """The module classes whose instances ``expr``'s value is, or holds as elements."""
-    return _Resolver(prov, classes, site).contained(expr, site, 0, None)
+    """The module classes whose instances ``expr``'s value is, or holds as elements; ``passed``
+    names the classes a construction gives class parameters (``layer_cls=PinnedLayer``)."""
+    return _Resolver(prov, classes, site, passed or {}).contained(expr, site, 0, None)
 
 
 def method_of_instance(
@@ -113,6 +119,7 @@ class _Resolver:
     classes: ModuleClasses
     use: Site
     """Where the question is asked: its ``if`` tests decide conditionals on the same test."""
+    passed: dict[str, Names] = dataclasses.field(default_factory=dict)
 
     def contained(
         self, expr: cst.BaseExpression, site: Site, depth: int, cls_name: str | None
@@ -350,13 +357,10 @@ class _Resolver:
                 return None
             found = self.prov.lookup(func.value, site)
             if found and all(b.kind == "param" for b, _ in found):
+                if func.value in self.passed:
+                    return self.passed[func.value]
                 # `block_cls: type[Block] = Block`: a call builds a Block (or a subclass)
-                built = [
-                    wrapped_class(b.node.annotation, "type")
-                    if isinstance(b.node, cst.Param) and b.node.annotation is not None
-                    else None
-                    for b, _ in found
-                ]
+                built = [class_parameter(b.node) for b, _ in found]
                 built_names = {dotted_name(b) or "" for b in built if b is not None}
                 if len(built_names) == 1 and None not in built:
                     cls = self.classes.by_name.get(next(iter(built_names)))
@@ -484,61 +488,6 @@ class _Resolver:
                 if guarded == tested:
                     return guard.polarity is (negated == guard_negated)
         return None
-
-
-def annotated_name(annotation: cst.Annotation) -> cst.BaseExpression | None:
-    """The class expression an annotation names: ``KimiModel``, ``"KimiModel"``,
-    ``Optional[KimiModel]``, ``KimiModel | None``; None for a string that does not parse."""
-    node: cst.BaseExpression = annotation.annotation
-    for _ in range(3):  # `Optional["KimiModel"]`: a string inside a wrapper, or around one
-        text = literal_string(node)
-        if text is not None:
-            try:
-                node = cst.parse_expression(text)
-            except cst.ParserSyntaxError:
-                return None
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.BitOr):
-            parts = [p for p in (node.left, node.right) if not _is_name(p, "None")]
-            node = parts[0] if len(parts) == 1 else node
-        if (
-            isinstance(node, cst.Subscript)
-            and (dotted_name(node.value) or "").rpartition(".")[2] == "Optional"
-            and len(node.slice) == 1
-            and isinstance(node.slice[0].slice, cst.Index)
-        ):
-            node = node.slice[0].slice.value
-    return node
-
-
-_TYPE_WRAPPERS = frozenset({"type", "Type"})
-_SEQUENCE_WRAPPERS = frozenset(
-    {"Sequence", "MutableSequence", "Iterable", "Collection", "list", "List", "tuple", "Tuple"}
-)
-
-
-def wrapped_class(annotation: cst.Annotation, kind: str) -> cst.BaseExpression | None:
-    """The class ``X`` of ``type[X]`` (``kind="type"``) or of ``Sequence[X]``, ``list[X]``,
-    ``tuple[X, ...]`` (``kind="elements"``): what a call of the parameter builds, or what its
-    elements are."""
-    node = annotated_name(annotation)
-    if not (isinstance(node, cst.Subscript) and node.slice):
-        return None
-    wrapper = (dotted_name(node.value) or "").rpartition(".")[2]
-    wanted = _TYPE_WRAPPERS if kind == "type" else _SEQUENCE_WRAPPERS
-    if wrapper not in wanted:
-        return None
-    first = node.slice[0].slice
-    if not isinstance(first, cst.Index):
-        return None
-    if len(node.slice) > 1 and not (
-        wrapper in {"tuple", "Tuple"}
-        and len(node.slice) == 2
-        and isinstance(node.slice[1].slice, cst.Index)
-        and isinstance(node.slice[1].slice.value, cst.Ellipsis)
-    ):
-        return None
-    inner = annotated_name(cst.Annotation(first.value))
-    return inner if isinstance(inner, (cst.Name, cst.Attribute)) else None
 
 
 def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:

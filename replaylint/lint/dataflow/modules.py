@@ -102,8 +102,9 @@ class ModuleCast:
 _BUFFER_CLASSES = frozenset({"torch.nn.Buffer", "torch.nn.parameter.Buffer"})
 
 
-def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
-    """Classes of the module, by name, that hold a floating gate buffer and are not guarded."""
+def gate_buffer_classes(prov: Provenance, *, kept: bool = True) -> dict[str, GateBuffer]:
+    """Classes of the module, by name, that hold a floating gate buffer and are not guarded
+    (guarded ones too, unless ``kept``)."""
     source = prov.index.source
     if source is not None and not registers_gate_buffer(source, prov.index.gate_caches.matches):
         return {}  # no gate buffer registered by name: no class to walk
@@ -115,7 +116,7 @@ def gate_buffer_classes(prov: Provenance) -> dict[str, GateBuffer]:
             own[cls.name.value] = found
     result: dict[str, GateBuffer] = {}
     for name, cls in classes.items():
-        if keeps_float32(prov, cls):
+        if kept and keeps_float32(prov, cls):
             continue
         buffer = _inherited(prov, name, classes, own, set())
         if buffer is not None:

@@ -164,10 +164,18 @@ def promoted(
                 return
         yield from tensors[0]
         return
-    if all(f.kind is Kind.ACTIVATION for facts in tensors for f in facts):
+    floating = [facts for facts in tensors if not all(f.kind is Kind.NOT_FLOATING for f in facts)]
+    if floating and all(any(f.kind is Kind.ACTIVATION for f in facts) for facts in floating):
         # model tensors combined (`-self.A_log.exp() * F.softplus(self.a_proj(x))`): still the
-        # model's dtype; one finding for the result, not one per operand
-        detail = " and ".join(dict.fromkeys(f.detail for facts in tensors for f in facts))
+        # model's dtype; one finding for the result, not one per operand. An operand made
+        # another way too (`if fused: rows = ... else: rows = helper(...)`) has the model's
+        # dtype on the way the others do
+        # (a mask multiplied in keeps it: `* filled`)
+        detail = " and ".join(
+            dict.fromkeys(
+                f.detail for facts in floating for f in facts if f.kind is Kind.ACTIVATION
+            )
+        )
         yield TensorFact(Kind.ACTIVATION, node, detail=detail, target=CastValue(node))
         return
     ranks = [_rank(facts) for facts in tensors]
@@ -177,7 +185,6 @@ def promoted(
     if any(prov.all_float32(facts) for facts in tensors) and max(r or 0 for r in ranks) <= 2:
         yield TensorFact(Kind.FLOAT32, node)
         return
-    floating = [facts for facts in tensors if not all(f.kind is Kind.NOT_FLOATING for f in facts)]
     if not floating:
         yield TensorFact(Kind.UNKNOWN, node)
         return
@@ -208,7 +215,7 @@ def _operand_facts(
         source = dtype_source(prov.index, next(iter(made.values()))) if len(made) == 1 else None
         source_facts = prov.tensor_facts(source, site, env) if source is not None else ()
         kinds = {f.kind for f in source_facts}
-        if Kind.ACTIVATION in kinds and kinds <= {Kind.ACTIVATION, Kind.FLOAT32}:
+        if Kind.ACTIVATION in kinds:  # the padding has its source's dtype on every path
             return source_facts
     return facts
 

@@ -345,7 +345,8 @@ class Provenance:
                 if not isinstance(element, cst.StarredElement):
                     yield from self.tensor_facts(element.value, site, env)
             return
-        yield TensorFact(Kind.UNKNOWN, expr)
+        masked = isinstance(expr, cst.Comparison)  # `positions < length`: a bool mask
+        yield TensorFact(Kind.NOT_FLOATING if masked else Kind.UNKNOWN, expr)
 
     def _name_facts(self, expr: cst.Name, site: Site, env: Env) -> Iterator[TensorFact]:
         found = self.lookup(expr.value, site, env) or []

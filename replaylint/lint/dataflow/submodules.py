@@ -24,8 +24,13 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import libcst as cst
 
-from replaylint.lint.dataflow.instances import contained_classes, instance_classes
-from replaylint.lint.dataflow.module_classes import ModuleClasses, attribute_values, module_classes
+from replaylint.lint.dataflow.instances import chain_root, contained_classes, instance_classes
+from replaylint.lint.dataflow.module_classes import (
+    ModuleClasses,
+    Names,
+    attribute_values,
+    module_classes,
+)
 from replaylint.lint.dataflow.modules import (
     GUARD,
     GateBuffer,
@@ -55,9 +60,12 @@ class GateBufferHolders:
     buffers: dict[str, GateBuffer]
 
 
-def gate_buffer_holders(prov: Provenance, registering: dict[str, GateBuffer]) -> GateBufferHolders:
+def gate_buffer_holders(
+    prov: Provenance, registering: dict[str, GateBuffer], *, kept: bool = True
+) -> GateBufferHolders:
     """``registering`` (the classes that register a gate buffer) and the module's classes that
-    hold one through submodules, less those that keep their gate buffers float32."""
+    hold one through submodules, less those that keep their gate buffers float32 (unless not
+    ``kept``: a cast of each tensor goes past what a class does in ``_apply``)."""
     if not registering:  # nothing to hold: the module's classes need not be read
         return GateBufferHolders(ModuleClasses({}, {}), {})
     classes = module_classes(prov)
@@ -72,7 +80,9 @@ def gate_buffer_holders(prov: Provenance, registering: dict[str, GateBuffer]) ->
             return None  # not a class of the module, or a cycle of attributes
         asking.add(name)
         try:
-            answers[name] = held_gate_buffer(prov, classes, cls, registering.get(name), lookup)
+            answers[name] = held_gate_buffer(
+                prov, classes, cls, registering.get(name), lookup, kept=kept
+            )
         finally:
             asking.discard(name)
         return answers[name]
@@ -90,18 +100,22 @@ def held_gate_buffer(
     cls: cst.ClassDef,
     registered: GateBuffer | None,
     lookup: HeldLookup,
+    passed: dict[str, Names] | None = None,
+    *,
+    kept: bool = True,
 ) -> GateBuffer | None:
     """The float32 gate buffer a cast of a ``cls`` instance converts: the one it registers
     (``registered``), else the first one a submodule holds (``lookup`` answers for the classes
-    its attributes are built from). None when ``cls`` keeps its gate buffers float32."""
-    if keeps_gate_buffers_float32(prov, classes, cls):
+    its attributes are built from; ``passed``, for the classes a construction gives its class
+    parameters). None when ``cls`` keeps its gate buffers float32 (and ``kept``)."""
+    if kept and keeps_gate_buffers_float32(prov, classes, cls):
         return None
     if registered is not None:
         return registered
     if not classes.is_module(cls):
         return None
     for attribute, value, site in attribute_values(classes, cls):
-        for name in contained_classes(prov, classes, value, site):
+        for name in contained_classes(prov, classes, value, site, passed):
             held = lookup(name)
             if held is not None:
                 return GateBuffer(
@@ -134,15 +148,59 @@ def held_module_cast(
     if dtypes is None or not isinstance(call.func, cst.Attribute):
         return None
     names = instance_classes(prov, holders.classes, call.func.value, site)
+    passed = passed_classes(prov, holders.classes, chain_root(call.func.value), site)
     for name in names or ():
-        if name in holders.buffers:
-            buffer = holders.buffers[name]
+        buffer = holders.buffers.get(name)
+        if passed and (buffer is None or buffer.held_by):
+            # `Stack(..., layer_cls=PinnedLayer)`: what this instance holds, not the class
+            cls = holders.classes.by_name[name]
+            buffer = held_gate_buffer(prov, holders.classes, cls, None, holders.buffers.get, passed)
+        if buffer is not None:
             if buffer.made_by != CONSTRUCTION and constructed_here(
                 prov, call.func.value, site, lambda f, _: _names_class(f, holders)
             ):
                 continue  # a new instance: the method that makes the buffer has not run
             return ModuleCast(call, buffer, dtypes)
     return None
+
+
+def passed_classes(
+    prov: Provenance, classes: ModuleClasses, receiver: cst.BaseExpression, site: Site
+) -> dict[str, Names]:
+    """The module classes a construction of ``receiver`` (``Stack(cfg, layer_cls=Pinned)``, or a
+    local bound once to one) passes for the parameters of the class's ``__init__``."""
+    call: cst.BaseExpression = receiver
+    if isinstance(receiver, cst.Name):
+        found = prov.lookup(receiver.value, site) or []
+        if len(found) != 1 or found[0][0].kind != "assign" or found[0][0].value is None:
+            return {}
+        call = chain_root(found[0][0].value)
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
+        return {}
+    cls = classes.by_name.get(call.func.value)
+    init = next(
+        (
+            statement
+            for owner in (classes.mro(cls) if cls is not None else ())
+            for statement in owner.body.body
+            if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__"
+        ),
+        None,
+    )
+    if init is None:
+        return {}
+    positional = [param.name.value for param in init.params.params[1:]]
+    passed: dict[str, Names] = {}
+    for place, arg in enumerate(call.args):
+        if arg.star:
+            break
+        name = arg.keyword.value if arg.keyword is not None else None
+        if name is None and place < len(positional):
+            name = positional[place]
+        value = arg.value
+        if name is not None and isinstance(value, cst.Name) and value.value in classes.by_name:
+            passed[name] = (value.value,)
+    return passed
 
 
 def _names_class(func: cst.BaseExpression, holders: GateBufferHolders) -> bool:

@@ -28,14 +28,10 @@ import libcst as cst
 
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.imported_modules import imported_class
-from replaylint.lint.dataflow.instances import (
-    MODULE_CHAIN,
-    annotated_name,
-    chain_root,
-    instance_classes,
-)
+from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root, instance_classes
 from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values
+from replaylint.lint.syntax.annotations import annotated_name
 from replaylint.lint.syntax.nodes import dotted_name
 from replaylint.lint.syntax.sites import Site
 

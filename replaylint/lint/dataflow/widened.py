@@ -40,23 +40,78 @@ def imported_upcasts(prov: Provenance, cls: cst.ClassDef) -> frozenset[str]:
 def _passed_widened(prov: Provenance, cls: cst.ClassDef) -> set[str]:
     found: set[str] = set()
     site = Site((prov.index.module, cls), None)
-    for node in descendants(cls.body):
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    for method in body:
+        if not isinstance(method, cst.FunctionDef):
             continue
-        passed = [
-            (arg.keyword.value if arg.keyword is not None else place, arg.value.attr.value)
-            for place, arg in enumerate(node.args)
-            if isinstance(arg.value, cst.Attribute)
-            and isinstance(arg.value.value, cst.Name)
-            and arg.value.value.value == "self"
-        ]
-        if not passed:
-            continue
-        widened = _widened_by(prov, node.func, site)
-        for place, attribute in passed:
-            if place in widened:
-                found.add(attribute)
+        views: dict[str, str] | None = None
+        for node in descendants(method.body):
+            if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+                continue
+            passed: list[tuple[str | int, str]] = []
+            for position, arg in enumerate(node.args):
+                attribute = _own_attribute(arg.value)
+                if attribute is None and isinstance(arg.value, cst.Name):
+                    if views is None:
+                        views = _local_views(method)
+                    attribute = views.get(arg.value.value)
+                if attribute is not None:
+                    passed.append((arg.keyword.value if arg.keyword else position, attribute))
+            if not passed:
+                continue
+            widened = _widened_by(prov, node.func, site)
+            for place, attribute in passed:
+                if place in widened:
+                    found.add(attribute)
     return found
+
+
+_VIEWS = frozenset({"view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous", "t"})
+
+
+def _own_attribute(expr: cst.BaseExpression) -> str | None:
+    """``x`` of ``self.x``, of a view of it (``self.x.reshape(h, k)``) or of an index of it."""
+    while True:
+        if isinstance(expr, cst.Subscript):
+            expr = expr.value
+        elif (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value in _VIEWS
+        ):
+            expr = expr.func.value
+        else:
+            break
+    if (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
+    ):
+        return expr.attr.value
+    return None
+
+
+def _local_views(method: cst.FunctionDef) -> dict[str, str]:
+    """Locals of ``method`` assigned only views of one attribute of ``self``
+    (``dt_bias = self.dt_bias.reshape(hv, k)``), by name."""
+    views: dict[str, str] = {}
+    spoiled: set[str] = set()
+    for node in descendants(method.body):
+        if not isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            continue
+        targets = (
+            [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        )
+        attribute = _own_attribute(node.value) if isinstance(node, cst.Assign) else None
+        for target in targets:
+            if not isinstance(target, cst.Name):
+                continue
+            name = target.value
+            if attribute is None or views.get(name, attribute) != attribute:
+                spoiled.add(name)
+            else:
+                views[name] = attribute
+    return {name: attribute for name, attribute in views.items() if name not in spoiled}
 
 
 def _widened_by(prov: Provenance, func: cst.Name, site: Site) -> set[str | int]:

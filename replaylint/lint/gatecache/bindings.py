@@ -49,6 +49,10 @@ class GateCacheBinding:
     element: int | None = None
     """Set when the gate cache is one element of ``value``: ``d_cache, k_cache, g_cache =
     load_rings(path)`` binds element 2."""
+    written: bool = False
+    """Set when ``value`` is copied into the existing gate cache (``g_cache[slot] = x``,
+    ``g_cache.copy_(x)``): the cache keeps its dtype, and only how precisely ``value`` was
+    computed reaches it. Such bindings go to the receivers of writes only."""
 
 
 BindingReceiver = Callable[[GateCacheBinding], None]
@@ -64,8 +68,11 @@ class BindingWalker(Visitor):
         receivers: Sequence[BindingReceiver] = (),
         source: str | None = None,
         imported_list: Callable[[str], bool] | None = None,
+        write_receivers: Sequence[BindingReceiver] = (),
     ) -> None:
         super().__init__()
+        self.write_receivers = tuple(write_receivers)
+        """Receivers of values copied into a gate cache (:attr:`GateCacheBinding.written`)."""
         self._imported_list = imported_list
         """Whether a module this one imports from makes a name a list; asked (and so depended
         on) only when a local answer is no."""
@@ -90,6 +97,23 @@ class BindingWalker(Visitor):
 
     def _found(self, binding: GateCacheBinding) -> None:
         for receive in self.receivers:
+            receive(binding)
+
+    def _written(
+        self, ring: cst.BaseExpression, value: cst.BaseExpression, stmt: cst.CSTNode
+    ) -> None:
+        """``value`` copied into the gate cache ``ring`` (or an element of it)."""
+        if not self.write_receivers:
+            return
+        root = ring
+        while isinstance(root, cst.Subscript):
+            root = root.value
+        name = binding_name(root)
+        if name is None or not self.names.matches(name):
+            return
+        display = self.module.code_for_node(ring).strip()
+        binding = GateCacheBinding(name, display, value, stmt, self.site(), written=True)
+        for receive in self.write_receivers:
             receive(binding)
 
     def _passed(self, binding: GateCacheBinding) -> None:
@@ -241,6 +265,8 @@ class BindingWalker(Visitor):
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
             self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
+        elif name is None and isinstance(target, cst.Subscript):
+            self._written(target, value, stmt)
 
     def _formatted_key(self, target: cst.Subscript) -> str | None:
         """The key of ``d[f"..."]`` read as a name (replacement fields as ``0``), when no loop
@@ -380,6 +406,9 @@ class BindingWalker(Visitor):
                     display = f"{parameter}={one_line(self.module, arg.value, 40)}"
                     self._passed(GateCacheBinding(parameter, display, arg.value, node, self.site()))
         method = method_name(node)
+        if method in _COPIES and len(positional) == _COPIES[method] + 1:
+            assert isinstance(node.func, cst.Attribute)
+            self._written(node.func.value, positional[-1].value, node)
         if method in ADDED_ELEMENT and len(positional) == ADDED_ELEMENT[method] + 1:
             # `self.g_caches.append(ring)`: the element becomes a gate cache
             assert isinstance(node.func, cst.Attribute)
@@ -459,6 +488,8 @@ class BindingWalker(Visitor):
         return self._record_fields.get(func.value)
 
 
+# tensor methods that copy their last argument into the receiver, and that argument's index
+_COPIES = {"copy_": 0, "index_copy_": 2}
 # methods that bind their first argument's name to their second: `super().__setattr__(name, x)`
 _KEYED = frozenset({"register_buffer", "setdefault", "__setattr__"})
 _SEQUENCES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)

@@ -110,6 +110,15 @@ class Rule(Visitor):
     def check_binding(self, binding: GateCacheBinding) -> None:
         """Called for every gate-cache binding of the file, in source order."""
 
+    @classmethod
+    def wants_writes(cls) -> bool:
+        """Whether the rule overrides :meth:`check_write`."""
+        return cls.check_write is not Rule.check_write
+
+    def check_write(self, binding: GateCacheBinding) -> None:
+        """Called for every value copied into a gate cache (``g_cache[slot] = x``,
+        ``g_cache.copy_(x)``), in source order."""
+
     def report(self, node: cst.CSTNode, message: str, *, fix: FixDraft | None = None) -> None:
         """Record a finding located at ``node`` (the smallest expression it is about)."""
         self.context.add_finding(self.CODE, node, message, fix)

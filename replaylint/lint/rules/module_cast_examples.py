@@ -11,6 +11,32 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
         import torch
         from torch import nn
 
+        class Layer(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+        class PinnedLayer(Layer):
+            def _apply(self, fn, recurse=True):
+                g_cache = self._buffers["g_cache"]
+                super()._apply(fn, recurse)
+                self._buffers["g_cache"] = g_cache.to(device=self._buffers["g_cache"].device)
+                return self
+
+        class Stack(nn.Module):
+            def __init__(self, n, layers, layer_cls: type[Layer] = Layer):
+                super().__init__()
+                self.layers = nn.ModuleList(layer_cls(n) for _ in range(layers))
+
+        # this stack is built of layers that keep their gate ring float32
+        stack = Stack(4, 2, layer_cls=PinnedLayer).to(torch.bfloat16)
+        """
+    ),
+    Valid(
+        """
+        import torch
+        from torch import nn
+
         class Attention(nn.Module):
             def __init__(self, dim):
                 super().__init__()
@@ -152,6 +178,84 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
     ),
 )
 MODULE_CAST_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class SlotPool(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("d_cache", torch.zeros(n))
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+            def _apply(self, fn, recurse=True):  # module casts keep the gate ring float32
+                super()._apply(fn, recurse)
+                self.g_cache = self.g_cache.float()
+                return self
+
+        def export_slots(pool: SlotPool, path, dtype=torch.bfloat16):
+            # each tensor cast on its own: `_apply` never runs
+            torch.save({name: buf.to(dtype) for name, buf in pool.named_buffers()}, path)
+        """,
+        message_contains="a cast of each tensor does not go through the module",
+    ),
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class Cache(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+        class PinnedCache(Cache):
+            def _apply(self, fn, recurse=True):
+                g_cache = self._buffers["g_cache"]
+                super()._apply(fn, recurse)
+                self._buffers["g_cache"] = g_cache.to(device=self._buffers["g_cache"].device)
+                return self
+
+        class Model(nn.Module):
+            def __init__(self, n, cache_cls=PinnedCache):
+                super().__init__()
+                self.caches = nn.ModuleList(cache_cls(n) for _ in range(2))
+
+        def reference_model(n, dtype):
+            # the default cache class keeps float32; this model is given the plain one
+            model = Model(n, cache_cls=Cache)
+            return model.to(dtype).eval()
+        """,
+        expected_fix="""
+        import replaylint.guards
+        import torch
+        from torch import nn
+
+        class Cache(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+        class PinnedCache(Cache):
+            def _apply(self, fn, recurse=True):
+                g_cache = self._buffers["g_cache"]
+                super()._apply(fn, recurse)
+                self._buffers["g_cache"] = g_cache.to(device=self._buffers["g_cache"].device)
+                return self
+
+        class Model(nn.Module):
+            def __init__(self, n, cache_cls=PinnedCache):
+                super().__init__()
+                self.caches = nn.ModuleList(cache_cls(n) for _ in range(2))
+
+        def reference_model(n, dtype):
+            # the default cache class keeps float32; this model is given the plain one
+            model = Model(n, cache_cls=Cache)
+            return replaylint.guards.keep_fp32_gate_caches(model).to(dtype).eval()
+        """,
+        message_contains="held by `Model.caches`",
+    ),
     Invalid(
         """
         import torch

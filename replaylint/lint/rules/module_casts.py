@@ -20,7 +20,7 @@ from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.given_submodules import given_gate_holder
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
 from replaylint.lint.dataflow.instances import chain_root
-from replaylint.lint.dataflow.modules import module_cast, module_cast_dtypes
+from replaylint.lint.dataflow.modules import gate_buffer_classes, module_cast, module_cast_dtypes
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.recasts import undone_for
 from replaylint.lint.dataflow.submodules import (
@@ -28,6 +28,7 @@ from replaylint.lint.dataflow.submodules import (
     gate_buffer_holders,
     guarded_instance,
     held_module_cast,
+    passed_classes,
 )
 from replaylint.lint.dataflow.unknown_modules import unknown_module
 from replaylint.lint.fixes.drafts import FixDraft
@@ -74,9 +75,14 @@ class ModuleCasts:
         if not isinstance(call.func, cst.Attribute):
             return None
         if holders.buffers:
-            cast = module_cast(prov, call, site, holders.buffers) or held_module_cast(
-                prov, call, site, holders
-            )
+            cast = module_cast(prov, call, site, holders.buffers)
+            if (
+                cast is not None
+                and cast.buffer.held_by
+                and passed_classes(prov, holders.classes, chain_root(call.func.value), site)
+            ):
+                cast = None  # `Stack(layer_cls=PinnedLayer)`: what this instance holds decides
+            cast = cast or held_module_cast(prov, call, site, holders)
             if cast is not None:
                 if guarded_instance(prov, call, site) or undone_for(
                     prov, call, site, cast.buffer.name
@@ -123,7 +129,7 @@ class ModuleCasts:
             return None
         owner, cast = found
         whole = as_module_cast(owner, cast)  # `model.half()`
-        finding = self.finding(whole, site)
+        finding = self.finding(whole, site) or self._past_apply(whole, site)
         if finding is None:
             return None
         module = self._context.module
@@ -131,6 +137,26 @@ class ModuleCasts:
         iterable = loop.iter if isinstance(loop, cst.For) else loop.for_in.iter
         loop_text = f"`{one_line(module, cast)}` over `{one_line(module, iterable)}`"
         return cast, finding.message.replace(written, loop_text, 1)
+
+    def _past_apply(self, whole: cst.Call, site: Site) -> ModuleCastFinding | None:
+        """The cast of every buffer of an instance of a class of the module that keeps its gate
+        buffers float32 in ``_apply``: a loop that casts each tensor never runs that method."""
+        prov = self._prov
+        raw = gate_buffer_holders(prov, gate_buffer_classes(prov, kept=False), kept=False)
+        if not raw.buffers:
+            return None
+        cast = module_cast(prov, whole, site, raw.buffers) or held_module_cast(
+            prov, whole, site, raw
+        )
+        if cast is None:
+            return None
+        message = module_cast_message(self._context, whole, cast).rsplit("; ", 1)[0]
+        owner = cast.buffer.cls.name.value
+        message += (
+            f"; `{owner}` keeps it float32 when the module is cast, but a cast of each tensor "
+            "does not go through the module: leave the gate cache out of it"
+        )
+        return ModuleCastFinding(message, None)
 
     def assigned_state_finding(self, call: cst.Call, site: Site) -> tuple[cst.Call, str] | None:
         """``model.load_state_dict(sd, assign=True)`` with ``sd`` a dict comprehension (or a

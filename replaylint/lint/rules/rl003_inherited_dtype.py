@@ -7,6 +7,7 @@ from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.computed_examples import COMPUTED_INVALID, COMPUTED_VALID
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 
 
@@ -59,6 +60,9 @@ it is reported where it is computed, also in a method whose result becomes the g
 weight made float32 promotes the result, unless a module cast converts it, which is assumed only
 where the class itself casts that weight to float32 elsewhere (`self.A_log.float()` in one branch,
 not the other). A matrix product (`x @ self.w_a`) has its operands' dtype (torch requires one).
+Log-decays computed that way and written into a float32 ring (`g_cache[slot, :, t] = x`,
+`g_cache[slot].copy_(x)`, `index_copy_`) are reported too, without a fix: the copy keeps the ring
+float32, not the digits the model's dtype lost; the cast belongs on the computation's inputs.
 
 Not reported: a copy or `*_like` of a float32 tensor, and `x.clone()` of one cast with `.float()`.
 """
@@ -140,31 +144,6 @@ copies, so a view of the caller's tensor stops sharing its storage.
         Valid(
             """
             import torch
-            import torch.nn.functional as F
-
-            def ring_from_logits(gate_logits, ring):
-                # a float32 part promotes the result; `.float()` casts each step
-                g_cache = torch.stack([F.logsigmoid(x.float()) for x in gate_logits], dim=2)
-                spare_g_cache = torch.cat([gate_logits[0], ring[:, :1]], dim=1)
-                return g_cache, spare_g_cache
-
-            def from_request(logits, other):
-                # one call passes float32, another a tensor of unknown dtype: not decided
-                return compute(logits), compute(other.to(torch.bfloat16))
-
-            def compute(gates):
-                replayssm_g = gates.cumsum(-1)
-                return replayssm_g
-
-            def build():
-                logits = [torch.randn(4, 16).to(torch.bfloat16) for _ in range(3)]
-                rings = from_request(torch.randn(4, 16), torch.zeros(4, 16))
-                return ring_from_logits(logits, torch.zeros(4, 16)), rings
-            """
-        ),
-        Valid(
-            """
-            import torch
 
             def clear_slot(g_cache, d_cache, slot):
                 # written into the float32 ring: the copy casts it
@@ -184,32 +163,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
                 return model, g_cache
             """
         ),
-        Valid(
-            """
-            import torch
-            import torch.nn.functional as F
-            from torch import nn
-
-            class Gate(nn.Module):  # a cast first; a float32 weight with dimensions promotes
-                def __init__(self, dim, g_cache):
-                    super().__init__()
-                    self.f_proj = nn.Linear(dim, dim)
-                    self.A_log = nn.Parameter(torch.zeros(dim, dtype=torch.float32))
-                    self.g_cache = g_cache  # a ring passed in: checked where it is made
-
-                def forward(self, hidden):
-                    self.g_cache = F.logsigmoid(self.f_proj(hidden).float()) / 16.0
-                    self.replayssm_g = -self.A_log.exp() * F.softplus(self.f_proj(hidden))
-
-
-            def scale(gates):
-                g_cache = gates.cumsum(-1) * 0.5  # the module passes only float32
-                return g_cache
-
-
-            ring = scale(torch.zeros(4, 16, dtype=torch.float32))
-            """
-        ),
+        *COMPUTED_VALID,
     )
 
     INVALID = (
@@ -489,53 +443,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
             """,
             message_contains="`torch.set_default_dtype(config.torch_dtype)` sets to a dtype",
         ),
-        Invalid(
-            """
-            import torch
-            import torch.nn.functional as F
-            from torch import nn
-
-            class DraftHead(nn.Module):
-                def __init__(self, dim):
-                    super().__init__()
-                    self.gate_proj = nn.Linear(dim, dim)
-                    self.A_log = nn.Parameter(torch.zeros(dim))  # a weight: the model's dtype
-
-                def log_decay(self, logits):
-                    return -self.A_log.exp() * F.softplus(logits)
-
-                def forward(self, hidden):
-                    # a layer's output has the model's dtype; a number does not promote it
-                    self.g_cache = -5.0 * self.gate_proj(hidden).sigmoid()
-                    return self.log_decay(self.gate_proj(hidden)).transpose(0, 1)
-
-                def seed(self, hidden):
-                    self.replayssm_g = self.forward(hidden)
-            """,
-            expected_fix="""
-            import torch
-            import torch.nn.functional as F
-            from torch import nn
-
-            class DraftHead(nn.Module):
-                def __init__(self, dim):
-                    super().__init__()
-                    self.gate_proj = nn.Linear(dim, dim)
-                    self.A_log = nn.Parameter(torch.zeros(dim))  # a weight: the model's dtype
-
-                def log_decay(self, logits):
-                    return -self.A_log.exp() * F.softplus(logits)
-
-                def forward(self, hidden):
-                    # a layer's output has the model's dtype; a number does not promote it
-                    self.g_cache = (-5.0 * self.gate_proj(hidden).sigmoid()).to(torch.float32)
-                    return self.log_decay(self.gate_proj(hidden)).transpose(0, 1)
-
-                def seed(self, hidden):
-                    self.replayssm_g = self.forward(hidden).to(torch.float32)
-            """,
-            message_contains="a layer's output, by steps that keep the model's dtype",
-        ),
+        *COMPUTED_INVALID,
     )
 
     def check_binding(self, binding: GateCacheBinding) -> None:
@@ -561,6 +469,23 @@ copies, so a view of the caller's tensor stops sharing its storage.
                 f"{message}{through(self.context, fact)}; {WHY}{self.withheld(binding, fact)}",
                 fix=fix,
             )
+
+    def check_write(self, binding: GateCacheBinding) -> None:
+        """Log-decays computed in the model's dtype and copied into the ring: the copy keeps
+        the ring float32 but not the digits lost before it. Reported without a fix: the cast
+        belongs on the computation's inputs, which only the author can place."""
+        if self.provenance.is_mapping(binding.name, binding.site, binding.display):
+            return
+        for fact in self.provenance.tensor_facts(binding.value, binding.site):
+            if fact.kind is not Kind.ACTIVATION:
+                continue
+            message = (
+                f"the values written into gate cache `{binding.display}` are computed from "
+                f"{fact.detail}, by steps that keep the model's dtype (elementwise, numbers, "
+                "weights, activations), not float32; the copy into the ring keeps the rounding"
+            )
+            self.report(fact.node, f"{message}{through(self.context, fact)}; {WHY}")
+            return
 
     def _activation(self, binding: GateCacheBinding, fact: TensorFact) -> None:
         """Computed from activations: reported where it is computed, cast where it becomes the
