@@ -137,11 +137,16 @@ class Linter:
         """A file that names no gate cache may still cast a model class of another module that
         holds one (``model.half()``): it may hold a finding when it casts a module and imports
         such a class."""
-        if self.project is None or MODULE_CAST_CALL.search(source) is None:
+        if self.project is None:
             return False
         module = self.project.module_of(filename)
         if module is None:
             return False
+        if MODULE_CAST_CALL.search(source) is None:
+            # `fabric.setup_module(model)`: a helper of another module may cast it
+            return self.project.calls_a_caster(module, source) and imports_gate_buffer_class(
+                self.project, self.gate_caches.matches, module
+            )
         if self.project.holder_names and GENERIC_MODULE.search(source) is not None:
             return True  # `model: nn.Module` or `self` in a mixin: may be a gate-buffer class
         return imports_gate_buffer_class(self.project, self.gate_caches.matches, module)

@@ -222,7 +222,9 @@ def _rows(use: str) -> list[int]:
         "DictModel(config).half()",
         "NamedModel(config).half()",
         "SetattrModel(config).half()",
-        "LateModel(config).half()",
+        # a layer added by a method once it has run (a new `LateModel` holds none yet)
+        "model = LateModel(config)\nmodel.grow(config)\nmodel.half()",
+        "def cast(model: LateModel):\n    model.half()",
         "TableModel(config).half()",
         "SubModel(config).half()",
         "def cast(model: KimiForCausalLM, dtype):\n    model.to(dtype)",
@@ -243,6 +245,7 @@ def test_a_cast_of_a_model_that_holds_a_gate_buffer_is_reported(use: str) -> Non
     "use",
     [
         "KimiModel(config).to('cuda')",
+        "LateModel(config).half()",  # `grow` has not added a layer yet
         "KimiModel(config).to(torch.device('cuda'), non_blocking=True)",
         "KimiModel(config).float()",
         "KimiModel(config).to(torch.float32)",
@@ -504,3 +507,37 @@ def test_a_buffer_loop_over_a_part_of_a_module_without_gate_buffer_classes() -> 
             return cache.g_cache
         """
     assert Linter().check(textwrap.dedent(source), "model.py") == []
+
+
+def test_a_setup_that_runs_after_the_cast_installs_a_float32_gate_buffer() -> None:
+    source = """
+        import torch
+        from torch import nn
+
+
+        class Cache(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("g_cache", torch.zeros(4, dtype=torch.float32))
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.cache = None
+
+            def set_cache(self):
+                self.cache = Cache()
+
+
+        def build():
+            draft = Model()
+            draft = draft.half()  # no cache yet: the one set up next is float32
+            draft.set_cache()
+            model = Model()
+            model.set_cache()
+            model = model.half()
+            return draft, model
+        """
+    found = Linter().check(textwrap.dedent(source).lstrip("\n"), "model.py")
+    assert [(f.location.row, f.code) for f in found] == [(26, "RL004")]

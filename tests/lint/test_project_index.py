@@ -753,3 +753,75 @@ def test_the_module_namespace_made_dynamic_by_vars_without_arguments() -> None:
     summary = summarise("import torch\nX = torch.float32\nvars()['X'] = torch.half\n")
     assert summary is not None
     assert summary["names"]["X"][0] == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("statement", "writes"),
+    [
+        ("setattr(rings, name, tensor)", False),  # a local object
+        ("setattr(self, name, tensor)", False),
+        ("setattr(self.rings, name, tensor)", False),
+        ("setattr(policy, name, tensor)", True),  # an imported module
+        ("setattr(sys.modules[__name__], name, tensor)", True),
+        ("setattr(importlib.import_module('pkg.policy'), name, tensor)", True),
+        ("setattr(loaded, name, tensor)", True),  # bound to `import_module(...)` below
+    ],
+)
+def test_a_module_writes_names_only_through_what_may_be_a_module(
+    statement: str, writes: bool
+) -> None:
+    source = f"""
+import importlib
+import sys
+
+from pkg import policy
+
+loaded = importlib.import_module("pkg.other")
+
+
+def grow(self, rings, name, tensor):
+    {statement}
+"""
+    summary = summarise(source)
+    assert summary is not None
+    assert summary["writes_names"] is writes
+
+
+def test_a_class_of_a_module_that_sets_attributes_of_its_own_objects_resolves(
+    tmp_path: Path,
+) -> None:
+    # `setattr(rings, name, t)` on a loop variable: the pool class is still found by importers
+    pool = """
+import torch
+from torch import nn
+
+
+class Rings(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+
+class Pool(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList(Rings(n) for _ in range(2))
+
+    def grow(self, n):
+        for rings in self.layers:
+            for name in list(rings._buffers):
+                setattr(rings, name, torch.zeros(n, dtype=getattr(rings, name).dtype))
+"""
+    user = """
+import torch
+
+from pkg.pool import Pool
+
+
+def serve(n):
+    pool = Pool(n)
+    return pool.half()
+"""
+    files = {"pkg/__init__.py": "", "pkg/pool.py": pool, "pkg/user.py": user}
+    found = lint_in_project(tmp_path, files, "pkg/user.py")
+    assert [(f.code, f.location.row) for f in found] == [("RL004", 8)]

@@ -20,8 +20,15 @@ from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact, definite
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.torch_api import FLOAT32, NON_FLOATING_DTYPES
-from replaylint.lint.syntax.nodes import decorated, is_none_literal, keyword_arg, read_names
+from replaylint.lint.syntax.nodes import (
+    decorated,
+    dotted_name,
+    is_none_literal,
+    keyword_arg,
+    read_names,
+)
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -112,8 +119,27 @@ def passed_dtype_facts(prov: Provenance, binding: Binding) -> tuple[DtypeFact, .
     if facts and all(fact.is_float32 for fact in facts):
         return facts
     reads = [name for name in read_names(function.body) if name.value == binding.name]
-    meant = prov.index.gate_caches.names_gate_dtype(binding.name) or len(reads) == 1
+    meant = prov.index.gate_caches.names_gate_dtype(binding.name) or (
+        len(reads) == 1 and not _in_dtype_entry(function, reads[0])
+    )
     return facts if meant else None
+
+
+def _in_dtype_entry(function: cst.FunctionDef, read: cst.Name) -> bool:
+    """Whether ``read`` is the ``dtype`` entry of a dict (``{"dtype": dtype, ...}``,
+    ``dict(dtype=dtype)``): keyword arguments that may be spread into every ring's allocation."""
+    for node in descendants(function.body):
+        if isinstance(node, cst.Dict) and any(
+            isinstance(e, cst.DictElement) and e.value is read for e in node.elements
+        ):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and dotted_name(node.func) == "dict"
+            and any(arg.keyword is not None and arg.value is read for arg in node.args)
+        ):
+            return True
+    return False
 
 
 def passed_values(prov: Provenance, binding: Binding) -> list[_Value] | None:

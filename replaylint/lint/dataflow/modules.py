@@ -40,7 +40,11 @@ from replaylint.lint.dataflow.torch_api import (
 )
 from replaylint.lint.gatecache.bindings import static_name
 from replaylint.lint.gatecache.names import DEFAULT_GATE_CACHE_PATTERNS, GateCacheNames
-from replaylint.lint.project.buffer_makers import CONSTRUCTION, buffer_makers
+from replaylint.lint.project.buffer_makers import (
+    CONSTRUCTION,
+    buffer_makers,
+    constructing_methods,
+)
 from replaylint.lint.project.gate_buffers import class_keeps_float32, registers_gate_buffer
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import (
@@ -161,9 +165,16 @@ def module_cast_dtypes(
         positional = positional_args(call)
         if method == "type" and expr is None and positional:
             return _type_dtypes(prov, positional[0].value, site)
+        like: cst.BaseExpression | None = None
         for arg in positional[:2] if method == "to" else ():
-            if expr is None and to_argument_role(prov, arg.value, site) == "dtype":
+            role = to_argument_role(prov, arg.value, site) if expr is None else None
+            if role == "dtype":
                 expr = arg.value
+            elif role == "tensor" and like is None and arg is positional[0]:
+                like = arg.value  # `pool.to(next(model.parameters()))`: that tensor's dtype
+        if expr is None and like is not None:
+            facts = prov.tensor_facts(like, site)
+            return None if facts and prov.all_float32(facts) else (DtypeFact(None, like),)
         if expr is None:
             return None
         dtypes = prov.dtype_facts(expr, site)
@@ -347,12 +358,23 @@ def _registered(prov: Provenance, cls: cst.ClassDef) -> GateBuffer | None:
 
 def _maker(prov: Provenance, cls: cst.ClassDef, name: str) -> str:
     """The method of ``cls`` that makes the buffer ``name`` (:mod:`.buffer_makers`)."""
+    parsed = _as_ast(prov, cls)
+    return buffer_makers(parsed).get(name, CONSTRUCTION) if parsed else CONSTRUCTION
+
+
+def constructing(prov: Provenance, cls: cst.ClassDef) -> set[str]:
+    """The methods of ``cls`` that construction runs (``__init__`` and what it calls)."""
+    parsed = _as_ast(prov, cls)
+    return constructing_methods(parsed) if parsed else {"__init__"}
+
+
+def _as_ast(prov: Provenance, cls: cst.ClassDef) -> ast.ClassDef | None:
     try:
         tree = ast.parse(textwrap.dedent(prov.index.module.code_for_node(cls)))
     except (SyntaxError, ValueError):
-        return CONSTRUCTION
+        return None
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    return buffer_makers(classes[0]).get(name, CONSTRUCTION) if classes else CONSTRUCTION
+    return classes[0] if classes else None
 
 
 def _buffer_name(

@@ -28,19 +28,24 @@ IsClass = Callable[[cst.BaseExpression, Site], bool]
 
 
 def methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
-    """The methods the scope calls on the name ``receiver`` is (``model.setup_caches(...)``)."""
+    """The methods the scope calls on the name ``receiver`` is (``model.setup_caches(...)``)
+    before the statement at ``site``: what runs after a cast does not change what it casts."""
     while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
         receiver = receiver.func.value  # `model.cuda().half()`
     if not isinstance(receiver, cst.Name):
         return frozenset()
-    return frozenset(
-        node.func.attr.value
-        for node in descendants(site.scope)
-        if isinstance(node, cst.Call)
-        and isinstance(node.func, cst.Attribute)
-        and isinstance(node.func.value, cst.Name)
-        and node.func.value.value == receiver.value
-    )
+    called: set[str] = set()
+    for node in descendants(site.scope):  # in source order
+        if node is site.statement:
+            break
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == receiver.value
+        ):
+            called.add(node.func.attr.value)
+    return frozenset(called)
 
 
 def constructed_here(

@@ -35,6 +35,7 @@ from replaylint.lint.dataflow.modules import (
     GUARD,
     GateBuffer,
     ModuleCast,
+    constructing,
     imported_base_keeps,
     keeps_float32,
     module_cast_dtypes,
@@ -114,17 +115,24 @@ def held_gate_buffer(
         return registered
     if not classes.is_module(cls):
         return None
+    built: set[str] | None = None
     for attribute, value, site in attribute_values(classes, cls):
         for name in contained_classes(prov, classes, value, site, passed):
             held = lookup(name)
             if held is not None:
+                made_by = held.made_by
+                method = site.scope
+                if made_by == CONSTRUCTION and isinstance(method, cst.FunctionDef):
+                    built = constructing(prov, cls) if built is None else built
+                    if method.name.value not in built:
+                        made_by = method.name.value  # `def set_cache(self): self.cache = ...`
                 return GateBuffer(
                     cls,
                     held.name,
                     held.node,
                     held.module or held.cls,
                     (f"{cls.name.value}.{attribute}", *held.held_by),
-                    held.made_by,
+                    made_by,
                 )
     return None
 

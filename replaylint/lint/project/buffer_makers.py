@@ -41,6 +41,14 @@ def buffer_makers(cls: ast.ClassDef) -> dict[str, str]:
     return made
 
 
+def constructing_methods(cls: ast.ClassDef) -> set[str]:
+    """``__init__`` and the methods it runs unconditionally on ``self``: what construction runs."""
+    methods = {
+        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    return _constructing(methods)
+
+
 def _constructing(methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) -> set[str]:
     """``__init__`` and the methods it runs unconditionally on ``self``, at any depth."""
     found: set[str] = set()

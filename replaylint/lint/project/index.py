@@ -18,9 +18,10 @@ an analysis depend on exactly those files, and the result cache keys them on the
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from replaylint.lint.project.summaries import Definition, Summary, Value
 
@@ -186,6 +187,46 @@ class ProjectIndex:
             if imported is not None and attribute in imported.get("lists", ()):
                 return True
         return False
+
+    def imported_casters(self, module: str, name: str) -> list[tuple[str, str, list[Any]]]:
+        """``(module, "Class.name", [position, parameter, line, dtype])`` for the functions and
+        methods called ``name`` of the project modules ``module`` imports from that cast a
+        module they are handed (:mod:`.module_casters`)."""
+        found: list[tuple[str, str, list[Any]]] = []
+        for other in self.imported_modules(module):
+            if not self._may_spell(other, f"def {name}"):
+                continue
+            casters = (self.summary(other) or {}).get("module_casters", {})
+            for qualname, casts in casters.items():
+                if qualname.rpartition(".")[2] == name:
+                    found.extend((other, qualname, cast) for cast in casts)
+        return found
+
+    def calls_a_caster(self, module: str, text: str) -> bool:
+        """Whether ``text`` (of ``module``) calls, by name, a function or method of a project
+        module it imports from that casts a module it is handed."""
+        for imported in self.imported_modules(module):
+            for qualname in (self.summary(imported) or {}).get("module_casters", {}):
+                name = qualname.rpartition(".")[2]
+                if re.search(rf"\b{re.escape(name)}\s*\(", text):
+                    return True
+        return False
+
+    def imported_modules(self, module: str) -> list[str]:
+        """The project modules ``module`` imports from (``from pkg import utils``: ``pkg`` and
+        ``pkg.utils``), itself left out."""
+        summary = self.summary(module)
+        imported: dict[str, None] = {}
+        for spec, item in summary["imports"] if summary is not None else ():
+            absolute = self.absolute(module, str(spec))
+            if absolute is None:
+                continue
+            if item is not None and f"{absolute}.{item}" in self.modules:
+                imported[f"{absolute}.{item}"] = None
+            if absolute in self.modules:
+                imported[absolute] = None
+        imported.pop(module, None)
+        return list(imported)
 
     def _may_spell(self, module: str, name: str) -> bool:
         """Whether ``module``'s text may spell ``name``. A module read here and found without it

@@ -52,9 +52,14 @@ _ADDING = frozenset({"append", "extend", "insert"})
 _MAX_CALLEES = 32  # per attribute: a longer list is no model's structure
 
 
-def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> dict[str, Any]:
+def module_facts(
+    cls: ast.ClassDef,
+    value_of: Callable[[ast.expr], Value],
+    factories: dict[str, list[ast.expr]] | None = None,
+) -> dict[str, Any]:
     """The module-cast facts of ``cls`` (see the module docstring); ``value_of`` turns an
-    expression of the module into a summary value."""
+    expression of the module into a summary value; ``factories`` are the module's functions
+    and methods that make an instance of one class (:func:`factory_classes`)."""
     buffers: list[list[Any]] = []
     holds: dict[str, list[Value]] = {}
     installs: dict[tuple[str, str], list[Value]] = {}
@@ -70,6 +75,9 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
                 return
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
                 callees.append(value_of(node.func))
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+                for made in (factories or {}).get(called, ()):  # `attn.build_kv_cache(...)`
+                    callees.append(value_of(made))
                 choices = aliases.get(node.func.id, ()) if isinstance(node.func, ast.Name) else ()
                 if choices:  # `cache_cls(...)` of `cache_cls = A if c else B`: one of them
                     callees.append(["either", [value_of(choice) for choice in choices], False])
@@ -139,6 +147,27 @@ def module_facts(cls: ast.ClassDef, value_of: Callable[[ast.expr], Value]) -> di
         "keeps": keeps,
         "restores": restores,
     }
+
+
+def factory_classes(tree: ast.Module) -> dict[str, list[ast.expr]]:
+    """Functions and methods of the module (by name) every ``return`` of which returns a call of
+    a name (``return KVCache(batch, config)``): those names, the classes they may make."""
+    found: dict[str, list[ast.expr]] = {}
+    spoiled: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("__"):
+            continue
+        returns = [r.value for r in ast.walk(node) if isinstance(r, ast.Return)]
+        made: list[ast.expr] = [
+            value.func
+            for value in returns
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+        ]
+        if not returns or len(made) != len(returns) or node.name in found:
+            spoiled.add(node.name)
+            continue
+        found[node.name] = made
+    return {name: made for name, made in found.items() if name not in spoiled}
 
 
 def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:

@@ -30,7 +30,16 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from replaylint.lint.project.module_facts import constructors, dotted, module_facts, restorers
+from replaylint.lint.project.module_casters import module_casters
+from replaylint.lint.project.module_facts import (
+    constructors,
+    dotted,
+    factory_classes,
+    module_facts,
+    restorers,
+)
+from replaylint.lint.project.namespace_writes import imports_module, is_instance, may_be_module
+from replaylint.lint.project.raw_reads import raw_reads
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
 from replaylint.lint.project.widening import widened_parameters
 from replaylint.lint.project.zipped_mappings import zipped_values
@@ -88,6 +97,7 @@ class _Summariser:
         """Functions that read tensors from bytes or files and cast nothing: their readers."""
         self.dynamic = False
         """The module rebinds names in ways not followed (a star import, ``globals()``)."""
+        self.factories: dict[str, list[ast.expr]] | None = None
 
     def summary(self) -> Summary:
         for statement in self.tree.body:
@@ -110,6 +120,7 @@ class _Summariser:
             "loaders": self.loaders,
             "restorers": restorers(self.tree),
             "widens": widened_parameters(self.tree),
+            "module_casters": module_casters(self.tree),
         }
 
     # ------------------------------------------------------------------ top-level statements
@@ -140,7 +151,7 @@ class _Summariser:
                 self._define(name, ["value", line, value])
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._define(statement.name, self._function(statement))
-            reads = _raw_reads(statement, lambda node: _Values(self, {}).value(node))
+            reads = raw_reads(statement, lambda node: _Values(self, {}).value(node))
             if reads:
                 self.loaders[statement.name] = reads
         elif isinstance(statement, ast.ClassDef):
@@ -166,6 +177,8 @@ class _Summariser:
 
     def _scan_everything(self) -> None:
         """Rebindings and mutations anywhere in the module, and every module it imports."""
+        set_on: list[ast.expr] = []  # `setattr(x, ...)`: a name of a module when `x` is one
+        modules: set[str] = set()  # names that may hold a module object
         for node in ast.walk(self.tree):
             self._list_attribute(node)
             if isinstance(node, (ast.Global, ast.Nonlocal)):
@@ -174,6 +187,8 @@ class _Summariser:
                 targets = (
                     node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 )
+                if isinstance(node, ast.Assign) and imports_module(node.value):
+                    modules.update(t.id for t in targets if isinstance(t, ast.Name))
                 for target in targets:
                     if isinstance(target, ast.Attribute):
                         self.assigned.add(target.attr)
@@ -185,8 +200,10 @@ class _Summariser:
                 func = node.func
                 if isinstance(func, ast.Name) and func.id in {"setattr", "delattr"}:
                     self.assigned.add("*")
-                    if not (node.args and _is_instance(node.args[0])):
-                        self.writes_names = True  # maybe a module object's
+                    if node.args and not is_instance(node.args[0]):
+                        set_on.append(node.args[0])
+                    elif not node.args:
+                        self.writes_names = True
                 elif isinstance(func, ast.Name) and func.id in _DYNAMIC_NAMESPACE:
                     # `vars(obj)` reads an object's attributes, not the module's names
                     self.dynamic = self.dynamic or not (func.id == "vars" and node.args)
@@ -200,8 +217,12 @@ class _Summariser:
                 spec = _module_spec(node)
                 for alias in node.names:
                     self.imports.add((spec, None if alias.name == "*" else alias.name))
+                    modules.add(alias.asname or alias.name)  # `from pkg import submodule`
             elif isinstance(node, ast.Import):
                 self.imports.update((alias.name, None) for alias in node.names)
+                modules.update(alias.asname or alias.name.partition(".")[0] for alias in node.names)
+        # a loop variable or a local object (`setattr(rings, name, t)`) is no module
+        self.writes_names = self.writes_names or any(may_be_module(t, modules) for t in set_on)
 
     def _list_attribute(self, node: ast.AST) -> None:
         """``self.x = [...]``, ``self.x: list[T] = ...``, ``self.x.append(...)``: ``x`` holds a list."""
@@ -371,7 +392,11 @@ class _Summariser:
         flags["fields"] = positional_fields(cls) if flags["record"] else None
         flags["constructors"] = constructors(cls)
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
-            flags["module"] = module_facts(cls, lambda node: _Values(self, {}).value(node))
+            if self.factories is None:
+                self.factories = factory_classes(self.tree)
+            flags["module"] = module_facts(
+                cls, lambda node: _Values(self, {}).value(node), self.factories
+            )
         return ["class", cls.lineno, members, flags]
 
     def _method(self, method: ast.FunctionDef) -> tuple[Value, list[Any]]:
@@ -396,29 +421,6 @@ def _compares_dtype(test: ast.expr) -> bool:
         return False
     operands = [test.left, *test.comparators]
     return any(isinstance(o, ast.Attribute) and o.attr == "dtype" for o in operands)
-
-
-_READERS = frozenset({"load", "frombuffer", "from_file", "load_file", "memmap", "fromfile"})
-_CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as", "astype"})
-
-
-def _raw_reads(function: ast.FunctionDef | ast.AsyncFunctionDef, value_of: Any) -> list[Value]:
-    """The calls of ``function`` that may read tensors (``torch.load``, ``torch.frombuffer``,
-    ``np.load`` ... by their last name; the importer resolves them), when it returns something
-    and casts nothing: what it returns is read as stored."""
-    reads: list[Value] = []
-    returns = False
-    for node in ast.walk(function):
-        if isinstance(node, ast.Return) and node.value is not None:
-            returns = True
-        if not isinstance(node, ast.Call):
-            continue
-        name = dotted(node.func).rpartition(".")[2]
-        if name in _CASTS:
-            return []
-        if name in _READERS and isinstance(node.func, (ast.Name, ast.Attribute)):
-            reads.append(value_of(node.func))
-    return reads if returns else []
 
 
 def _imported(statement: ast.Import | ast.ImportFrom) -> list[tuple[str, Value]]:
@@ -576,12 +578,6 @@ class _Values:
             inner[entry.id] = ["loop", "value"]
         element = _Values(self.summariser, inner, in_class=self.in_class).value(node.value)
         return ["per_key", self.value(source), element]
-
-
-def _is_instance(node: ast.expr) -> bool:
-    """``self`` or ``cls``: ``setattr(self, name, v)`` sets an attribute of an instance or
-    class, never a name of a module."""
-    return isinstance(node, ast.Name) and node.id in {"self", "cls"}
 
 
 def _decorator_name(node: ast.expr) -> str:

@@ -45,7 +45,7 @@ from replaylint.lint.rules.wording import (
     module_cast_message,
     unknown_module_cast_message,
 )
-from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.nodes import keyword_arg, one_line, positional_args
 from replaylint.lint.syntax.sites import Site
 
 
@@ -65,9 +65,12 @@ class ModuleCasts:
         self._bases: frozenset[str] | None = None
         self._index = prov.project.index if prov.project is not None else None
 
-    def finding(self, call: cst.Call, site: Site) -> ModuleCastFinding | None:
+    def finding(
+        self, call: cst.Call, site: Site, *, known_only: bool = False
+    ) -> ModuleCastFinding | None:
         """The finding for ``call`` when it casts a module holding a float32 gate buffer to a
-        dtype not provably float32, and the module is not guarded."""
+        dtype not provably float32, and the module is not guarded (``known_only``: of a known
+        class, not a module of no known class in a project that has gate buffers)."""
         prov, module = self._prov, self._context.module
         if self._holders is None:
             self._holders = gate_buffer_holders(prov, prov.gate_buffers())
@@ -113,7 +116,51 @@ class ModuleCasts:
             line = self._context.line_of(given.assignment)
             message = given_holder_cast_message(module, call, given, line, where, dtypes)
             return ModuleCastFinding(message, protect_before_cast(module, call, given.buffer))
+        if known_only:
+            return None
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
+
+    def helper_finding(self, call: cst.Call, site: Site) -> ModuleCastFinding | None:
+        """``fabric.setup_module(model)`` or ``to_serving(model)``, where a function or method of
+        that name in a project module this one imports from casts that argument as a module
+        (:mod:`replaylint.lint.project.module_casters`), and the argument is a module of a known
+        class that holds a gate buffer: reported like a cast of the argument."""
+        view = self._prov.project
+        name = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+        if isinstance(call.func, cst.Name):
+            name = call.func.value
+        if view is None or name is None or name in _NOT_HELPERS:
+            return None
+        for owner, qualname, (position, parameter, line, dtype) in view.index.imported_casters(
+            view.module, name
+        ):
+            if "." not in qualname:
+                # a function of the project's own (`quantize(model, mode)`) is judged where it
+                # casts; a method of a precision plugin or wrapper serves any caller's model
+                continue
+            arg = keyword_arg(call, parameter)
+            positional = positional_args(call)
+            if (
+                arg is None
+                and position < len(positional)
+                and not any(a.star for a in call.args[: position + 1])
+            ):
+                arg = positional[position]
+            if arg is None:
+                continue
+            whole = _as_cast(arg.value, str(dtype))
+            finding = self.finding(whole, site, known_only=True)
+            if finding is None:
+                continue
+            module = self._context.module
+            where = f"{view.index.path_of(owner)}:{line}"
+            written = (
+                f"`{one_line(module, call)}`, which casts `{one_line(module, arg.value)}` as a "
+                f"module (`{qualname}`, {where}),"
+            )
+            message = finding.message.replace(f"`{one_line(module, whole)}`", written, 1)
+            return ModuleCastFinding(message, finding.fix)
+        return None
 
     def buffer_loop_finding(
         self, loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp, site: Site
@@ -244,3 +291,18 @@ class ModuleCasts:
                 bases |= self._index.holder_bases
             self._bases = frozenset(bases)
         return self._bases
+
+
+# calls that hand a module on without casting it, whatever a project method of that name does
+_NOT_HELPERS = frozenset({"append", "extend", "insert", "add_module", "register_module", "setattr"})
+_HELPER_DTYPE = "__dtype_the_helper_casts_to__"
+"""Stands for the dtype a helper casts to when it is not a literal: not provably float32."""
+
+
+def _as_cast(receiver: cst.BaseExpression, dtype: str) -> cst.Call:
+    """``receiver.half()``, ``receiver.bfloat16()``, or ``receiver.to(dtype=<not known>)``."""
+    if dtype in {"float16", "bfloat16"}:
+        method = "half" if dtype == "float16" else "bfloat16"
+        return cst.Call(cst.Attribute(receiver, cst.Name(method)))
+    keyword = cst.Arg(cst.Name(_HELPER_DTYPE), keyword=cst.Name("dtype"))
+    return cst.Call(cst.Attribute(receiver, cst.Name("to")), [keyword])

@@ -451,9 +451,10 @@ copies, so a view of the caller's tensor stops sharing its storage.
         passed = [fact for fact in facts if fact.kind is Kind.PASSED]
         if passed:
             self._passed(binding, passed)
+        computed = [fact for fact in facts if fact.kind is Kind.ACTIVATION]
+        if computed:  # one finding where it is first computed (`g = g.clamp_min(b)` follows it)
+            self._activation(binding, min(computed, key=lambda f: self.context.line_of(f.node)))
         for fact in facts:
-            if fact.kind is Kind.ACTIVATION:
-                self._activation(binding, fact)
             if fact.kind is not Kind.INHERITED:
                 continue
             subject = self.subject(binding)

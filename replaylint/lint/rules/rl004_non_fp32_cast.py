@@ -78,7 +78,15 @@ the module cast written out, and so is `model.load_state_dict(sd, assign=True)` 
 whose every value was cast (`{k: v.to(dtype) for k, v in sd.items()}`: `assign=True` makes the
 cast tensors the module's own; without it they are copied into the float32 buffers). A loop is
 reported at its cast and a load at the call, without a fix (the guard would go before them). A loop over `parameters()` leaves the
-buffers alone. The cast
+buffers alone. Such a loop casts each tensor on its own, past a class's `_apply`: it is reported
+for a class that keeps its gate buffers float32 through module casts too.
+
+A helper of another module of the project that casts a module it is handed
+(`def convert_module(self, module): return module.to(dtype=self.dtype)`, or one that hands it on
+to such a method: `fabric.setup_module(model)`) is a module cast of what its callers pass: a call
+of a function or method of that name, from a module that imports the helper's module, is reported
+when the argument it passes is a model of a known class that holds a gate buffer. `.to(tensor)`
+on a module casts to that tensor's dtype (`pool.to(next(model.parameters()))`). The cast
 is reported where it is made, naming the path to the buffer. It is not reported when a class on the path keeps its gate
 buffers float32: guarded (`@keep_fp32_gate_caches` or the `KeepFp32GateCaches` mixin from
 `replaylint.guards`), or overriding `_apply`, `to`, `half`, `bfloat16` or `type` with a body that
@@ -358,10 +366,13 @@ with `@keep_fp32_gate_caches` does the same for every instance.
     def visit_Call(self, node: cst.Call) -> None:
         report_cast_read(self, node)
         method = method_name(node)
-        if method not in _MODULE_CAST_METHODS and method != "load_state_dict":
-            return
         if self._module_casts is None:
             self._module_casts = ModuleCasts(self.context, self.provenance)
+        if method not in _MODULE_CAST_METHODS and method != "load_state_dict":
+            helped = self._module_casts.helper_finding(node, self.site())
+            if helped is not None:  # `fabric.setup_module(model)`
+                self.report(node, helped.message, fix=helped.fix)
+            return
         if method == "load_state_dict":
             taken = self._module_casts.assigned_state_finding(node, self.site())
             if taken is not None:

@@ -99,6 +99,11 @@ def model_casting_files(
         raw = read(path)
         if raw is None or MODULE_CAST_CALL.search(raw.decode("utf-8", "replace")):
             casting.add(path)  # an unreadable file goes to the analysis, which reports it
+        elif (module := index.module_of(str(path))) is not None and index.calls_a_caster(
+            module, raw.decode("utf-8", "replace")
+        ):
+            casting.add(path)  # `fabric.setup_module(model)`: a helper of the project casts it
+    index.take_used()
     if holders:  # a cast of `model: nn.Module` may convert a holder's gate buffer too
         unmentioned = [*rest, *naming]
         generic = files_containing(
