@@ -145,6 +145,7 @@ class ProjectIndex:
     _by_path: dict[str, str] = field(default_factory=dict)
     _used: dict[str, str] = field(default_factory=dict)
     _contents: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+    _imported: dict[str, list[str]] = field(default_factory=dict)
 
     def module_of(self, path: str) -> str | None:
         """The module name of the file at ``path``, when it is one of the project's."""
@@ -215,6 +216,10 @@ class ProjectIndex:
     def imported_modules(self, module: str) -> list[str]:
         """The project modules ``module`` imports from (``from pkg import utils``: ``pkg`` and
         ``pkg.utils``), itself left out."""
+        known = self._imported.get(module)
+        if known is not None:
+            self.summary(module)  # still a read of the importer's summary
+            return known
         summary = self.summary(module)
         imported: dict[str, None] = {}
         for spec, item in summary["imports"] if summary is not None else ():
@@ -226,7 +231,8 @@ class ProjectIndex:
             if absolute in self.modules:
                 imported[absolute] = None
         imported.pop(module, None)
-        return list(imported)
+        self._imported[module] = list(imported)
+        return self._imported[module]
 
     def _may_spell(self, module: str, name: str) -> bool:
         """Whether ``module``'s text may spell ``name``. A module read here and found without it

@@ -62,6 +62,7 @@ class ModuleCasts:
         self._context = context
         self._prov = prov
         self._holders: GateBufferHolders | None = None
+        self._holding: dict[tuple[int, int], bool] = {}
         self._bases: frozenset[str] | None = None
         self._index = prov.project.index if prov.project is not None else None
 
@@ -129,8 +130,14 @@ class ModuleCasts:
         name = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
         if isinstance(call.func, cst.Name):
             name = call.func.value
-        if view is None or name is None or name in _NOT_HELPERS:
+        if view is None or name is None or name in _NOT_HELPERS or not call.args:
             return None
+        if self._holders is None:
+            self._holders = gate_buffer_holders(self._prov, self._prov.gate_buffers())
+        if not (self._holders.buffers or self._prov.imports_gate_buffer_holder()):
+            return None  # no class here or imported whose instance a helper could convert
+        if not any(self._holds(arg.value, site) for arg in call.args if not arg.star):
+            return None  # asked first: the helpers' modules are read only for a model
         for owner, qualname, (position, parameter, line, dtype) in view.index.imported_casters(
             view.module, name
         ):
@@ -161,6 +168,15 @@ class ModuleCasts:
             message = finding.message.replace(f"`{one_line(module, whole)}`", written, 1)
             return ModuleCastFinding(message, finding.fix)
         return None
+
+    def _holds(self, arg: cst.BaseExpression, site: Site) -> bool:
+        """Whether a module cast of ``arg`` would convert a gate buffer of a known class."""
+        if not isinstance(arg, (cst.Name, cst.Attribute, cst.Call)):
+            return False
+        key = (id(arg), id(site.statement))
+        if key not in self._holding:
+            self._holding[key] = self.finding(_as_cast(arg, ""), site, known_only=True) is not None
+        return self._holding[key]
 
     def buffer_loop_finding(
         self, loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp, site: Site
