@@ -82,3 +82,33 @@ def _inside_an_expression(module: cst.Module, node: cst.CSTNode) -> bool:
                 parent, (cst.Arg, cst.Assign, cst.AnnAssign, cst.Return, cst.Expr, cst.AssignTarget)
             )
     return True
+
+
+def per_buffer_fix(
+    module: cst.Module,
+    torch: TorchSpelling | None,
+    cast: cst.Call,
+    dtype: cst.BaseExpression | None,
+    condition: str,
+) -> FixDraft | None:
+    """For a loop that casts every buffer (``buf.to(dtype)``, ``saved.to(device, dtype=dtype)``,
+    ``buf.half()``, ``buf.type_as(x)``): float32 for the gate buffers only. ``dtype`` is the
+    cast's dtype argument, when it has one: ``torch.float32 if <condition> else dtype``;
+    otherwise the tensor is made float32 instead of cast (``buf.float() if ... else
+    buf.half()``)."""
+    if torch is None or not isinstance(cast.func, cst.Attribute):
+        return None
+    spelling = torch.attribute("float32")
+    edit: EditDraft
+    if dtype is not None:
+        original = one_line(module, dtype, 10_000)
+        if isinstance(dtype, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+            original = f"({original})"
+        edit = Replace(dtype, f"{spelling} if {condition} else {original}")
+    else:
+        tensor = one_line(module, cast.func.value, 10_000)
+        original = one_line(module, cast, 10_000)
+        edit = Replace(cast, f"({tensor}.float() if {condition} else {original})")
+    return FixDraft(
+        f"Use {spelling} for the gate buffers only", (edit, *torch.imports), Applicability.UNSAFE
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.syntax.traversal import descendants
+
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
 # what keeps a buffer's dtype on its way to a cast (`buf.detach().cpu().to(dtype)`)
 _KEEPS_DTYPE = frozenset({"detach", "cpu", "cuda", "clone", "contiguous", "pin_memory"})
@@ -72,6 +74,63 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
             if cast is not None:
                 return iterable.func.value, cast
     return None
+
+
+def buffer_name_variable(
+    loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp,
+) -> str | None:
+    """``name`` of ``for name, buf in model.named_buffers()`` (or of the comprehension's
+    ``for``): what says which buffer an iteration casts."""
+    target, iterable = (
+        (loop.target, loop.iter)
+        if isinstance(loop, cst.For)
+        else (loop.for_in.target, loop.for_in.iter)
+    )
+    if isinstance(iterable, cst.Call) and _is_name(iterable.func, "list") and iterable.args:
+        iterable = iterable.args[0].value
+    if not (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value == "named_buffers"
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and isinstance(name := target.elements[0].value, cst.Name)
+    ):
+        return None
+    return name.value
+
+
+def kept_per_buffer(loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp) -> bool:
+    """Whether the loop decides float32 per buffer by its name (``dtype=torch.float32 if
+    name.rsplit(".", 1)[-1] in ("g_cache",) else dtype``, ``buf.float() if ... else
+    buf.half()``): it casts every buffer but the ones the test picks."""
+    key = buffer_name_variable(loop)
+    if key is None:
+        return False
+    body: cst.CSTNode = (
+        loop.body
+        if isinstance(loop, cst.For)
+        else (loop.value if isinstance(loop, cst.DictComp) else loop.elt)
+    )
+    for node in descendants(body):
+        if not isinstance(node, cst.IfExp):
+            continue
+        reads = any(isinstance(n, cst.Name) and n.value == key for n in descendants(node.test))
+        if reads and (_float32(node.body) or _float32(node.orelse)):
+            return True
+    return False
+
+
+def _float32(expr: cst.BaseExpression) -> bool:
+    """``torch.float32`` or ``x.float()``."""
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "float32"
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "float"
+        and not expr.args
+    )
 
 
 def _casts(value: cst.BaseExpression) -> bool:

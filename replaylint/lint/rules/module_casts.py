@@ -37,6 +37,7 @@ from replaylint.lint.rules.buffer_loops import (
     as_module_cast,
     buffer_comprehension_cast,
     buffer_loop_cast,
+    kept_per_buffer,
     state_dict_cast,
 )
 from replaylint.lint.rules.wording import (
@@ -53,6 +54,8 @@ from replaylint.lint.syntax.sites import Site
 class ModuleCastFinding:
     message: str
     fix: FixDraft | None
+    buffers: tuple[str, ...] = ()
+    """The names of the gate buffers the cast converts, as registered."""
 
 
 class ModuleCasts:
@@ -93,7 +96,8 @@ class ModuleCasts:
                 ):
                     return None
                 fix = protect_before_cast(module, call, cast.buffer.name)
-                return ModuleCastFinding(module_cast_message(self._context, call, cast), fix)
+                message = module_cast_message(self._context, call, cast)
+                return ModuleCastFinding(message, fix, (cast.buffer.name,))
         imports_holder = prov.imports_gate_buffer_holder()
         index = self._index
         if not (holders.buffers or imports_holder or (index is not None and index.holder_names)):
@@ -105,7 +109,8 @@ class ModuleCasts:
             imported = imported_gate_buffer(prov, call.func.value, site)
             if imported is not None and not undone_for(prov, call, site, imported.name):
                 message = imported_cast_message(module, call, imported, dtypes)
-                return ModuleCastFinding(message, protect_before_cast(module, call, imported.name))
+                fix = protect_before_cast(module, call, imported.name)
+                return ModuleCastFinding(message, fix, (imported.name,))
         given = given_gate_holder(prov, chain_root(call.func.value), site)
         if given is not None and not undone_for(prov, call, site, given.buffer):
             registered = given.registered
@@ -116,7 +121,8 @@ class ModuleCasts:
             )
             line = self._context.line_of(given.assignment)
             message = given_holder_cast_message(module, call, given, line, where, dtypes)
-            return ModuleCastFinding(message, protect_before_cast(module, call, given.buffer))
+            fix = protect_before_cast(module, call, given.buffer)
+            return ModuleCastFinding(message, fix, (given.buffer,))
         if known_only:
             return None
         return self._unknown_class(call, call.func.value, holders, site, dtypes)
@@ -166,7 +172,7 @@ class ModuleCasts:
                 f"module (`{qualname}`, {where}),"
             )
             message = finding.message.replace(f"`{one_line(module, whole)}`", written, 1)
-            return ModuleCastFinding(message, finding.fix)
+            return ModuleCastFinding(message, finding.fix, finding.buffers)
         return None
 
     def _holds(self, arg: cst.BaseExpression, site: Site) -> bool:
@@ -180,7 +186,7 @@ class ModuleCasts:
 
     def buffer_loop_finding(
         self, loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp, site: Site
-    ) -> tuple[cst.Call, str] | None:
+    ) -> tuple[cst.Call, str, tuple[str, ...]] | None:
         """``for buf in model.buffers(): buf.data = buf.data.half()`` (or ``named_buffers()``,
         ``.to(dtype)``, a comprehension of casts): the cast of every buffer of ``model``,
         reported like ``model.half()`` at the cast in the loop, without a fix (a guard would go
@@ -188,7 +194,7 @@ class ModuleCasts:
         found = (
             buffer_loop_cast(loop) if isinstance(loop, cst.For) else buffer_comprehension_cast(loop)
         )
-        if found is None:
+        if found is None or kept_per_buffer(loop):
             return None
         owner, cast = found
         whole = as_module_cast(owner, cast)  # `model.half()`
@@ -199,7 +205,7 @@ class ModuleCasts:
         written = f"`{one_line(module, whole)}`"
         iterable = loop.iter if isinstance(loop, cst.For) else loop.for_in.iter
         loop_text = f"`{one_line(module, cast)}` over `{one_line(module, iterable)}`"
-        return cast, finding.message.replace(written, loop_text, 1)
+        return cast, finding.message.replace(written, loop_text, 1), finding.buffers
 
     def _past_apply(self, whole: cst.Call, site: Site) -> ModuleCastFinding | None:
         """The cast of every buffer of an instance of a class of the module that keeps its gate
@@ -219,7 +225,7 @@ class ModuleCasts:
             f"; `{owner}` keeps it float32 when the module is cast, but a cast of each tensor "
             "does not go through the module: leave the gate cache out of it"
         )
-        return ModuleCastFinding(message, None)
+        return ModuleCastFinding(message, None, (cast.buffer.name,))
 
     def assigned_state_finding(self, call: cst.Call, site: Site) -> tuple[cst.Call, str] | None:
         """``model.load_state_dict(sd, assign=True)`` with ``sd`` a dict comprehension (or a
@@ -293,7 +299,7 @@ class ModuleCasts:
             others |= index.holder_buffers
         message = unknown_module_cast_message(module, call, holder, name, where, dtypes)
         fix = protect_before_cast(module, call, name, sorted(others - {name}))
-        return ModuleCastFinding(message, fix)
+        return ModuleCastFinding(message, fix, (name, *sorted(others - {name})))
 
     def _holder_bases(self, holders: GateBufferHolders) -> frozenset[str]:
         """The classes gate-buffer classes derive from: of this module, and of the project."""

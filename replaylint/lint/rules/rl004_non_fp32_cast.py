@@ -5,11 +5,15 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import Kind, TensorFact, TypeAsDeviceOfOther
+from replaylint.lint.fixes.conditional import per_buffer_fix
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.buffer_loop_examples import BUFFER_LOOP_INVALID
+from replaylint.lint.rules.buffer_loops import buffer_name_variable
 from replaylint.lint.rules.gate_reads import READ_INVALID, READ_VALID, report_cast_read
 from replaylint.lint.rules.module_cast_examples import MODULE_CAST_INVALID, MODULE_CAST_VALID
 from replaylint.lint.rules.module_casts import ModuleCasts
@@ -19,7 +23,8 @@ from replaylint.lint.rules.wording import (
     literal_names,
     through,
 )
-from replaylint.lint.syntax.nodes import method_name
+from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args
+from replaylint.lint.syntax.sites import Site
 
 _MODULE_CAST_METHODS = frozenset({"to", "half", "bfloat16", "type"})
 
@@ -118,7 +123,11 @@ gate caches first: `model.half()` becomes `replaylint.guards.keep_fp32_gate_cach
 `extend_gate_cache_names=[...]`). That fix is **unsafe**: the module then imports replaylint (and
 torch) at run time, and the instance's class becomes a protected subclass of the same name, which
 also keeps its gate caches float32 through later casts and state-dict loads. Decorating the class
-with `@keep_fp32_gate_caches` does the same for every instance.
+with `@keep_fp32_gate_caches` does the same for every instance. A call of a helper that casts the
+module it is handed protects the argument the same way. A loop over `named_buffers()` that casts
+every buffer keeps its cast for the others and makes the gate buffers float32
+(`buf.to(torch.float32 if name.rsplit(".", 1)[-1] in ("g_cache",) else dtype)`, or
+`buf.float() if ... else buf.half()`); also **unsafe**, as it tests the buffer's name.
 """
         + FIX_SAFETY
     )
@@ -356,6 +365,7 @@ with `@keep_fp32_gate_caches` does the same for every instance.
             message_contains="is computed by arithmetic that gives it the dtype of its operands",
         ),
         *MODULE_CAST_INVALID,
+        *BUFFER_LOOP_INVALID,
     )
 
     def __init__(self, context: FileContext) -> None:
@@ -397,9 +407,33 @@ with `@keep_fp32_gate_caches` does the same for every instance.
     def _buffer_loop(self, node: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp) -> None:
         if self._module_casts is None:
             self._module_casts = ModuleCasts(self.context, self.provenance)
-        found = self._module_casts.buffer_loop_finding(node, self.site())
-        if found is not None:
-            self.report(found[0], found[1])
+        site = self.site()
+        found = self._module_casts.buffer_loop_finding(node, site)
+        if found is None:
+            return
+        cast, message, buffers = found
+        key = buffer_name_variable(node)
+        fix = None
+        if key is not None and buffers and not any("{" in name for name in buffers):
+            names = ", ".join(f'"{name}"' for name in buffers)
+            condition = f'{key}.rsplit(".", 1)[-1] in ({names}{"," if len(buffers) == 1 else ""})'
+            torch = self.context.spelling.torch_at(site)
+            fix = per_buffer_fix(
+                self.context.module, torch, cast, self._dtype_argument(cast, site), condition
+            )
+        self.report(cast, message, fix=fix)
+
+    def _dtype_argument(self, cast: cst.Call, site: Site) -> cst.BaseExpression | None:
+        """The dtype argument of ``x.to(..., dtype)`` or ``x.to(dtype=...)``; None otherwise."""
+        if method_name(cast) != "to":
+            return None
+        keyword = keyword_arg(cast, "dtype")
+        if keyword is not None:
+            return keyword.value
+        for arg in positional_args(cast)[:2]:
+            if to_argument_role(self.provenance, arg.value, site) == "dtype":
+                return arg.value
+        return None
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         combined: dict[
