@@ -18,6 +18,7 @@ from replaylint.lint.dataflow import callers
 from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import NO_ENV, Env, bound_in
 from replaylint.lint.syntax.nodes import (
+    class_body_values,
     is_none_literal,
     literal_string,
     method_name,
@@ -179,9 +180,9 @@ def _scalar_attribute(prov: Provenance, attribute: cst.Attribute, site: Site, en
         values = list(instance_values(prov, owner, name))
         if values:
             return all(is_none_literal(v) or is_scalar(prov, v, where, env) for v, where in values)
-        constant = _class_constant(owner, name)  # `gate_logit_normalizer = 16.0` in the class
-        if constant is not None:
-            return is_number(prov, constant, Site((prov.index.module, owner), None), env)
+        constants = class_body_values(owner, name)  # `gate_logit_normalizer = 16.0` in the class
+        if constants:
+            return is_number(prov, constants[0], Site((prov.index.module, owner), None), env)
     if name.endswith(_GATE_SCALARS) and not (
         isinstance(receiver, cst.Name) and receiver.value == "self"
     ):
@@ -191,24 +192,6 @@ def _scalar_attribute(prov: Provenance, attribute: cst.Attribute, site: Site, en
 
 # the numbers KDA's gate is computed with: `lower_bound * sigmoid(...)`, `logsigmoid(f) / normalizer`
 _GATE_SCALARS = ("lower_bound", "normalizer")
-
-
-def _class_constant(cls: cst.ClassDef, name: str) -> cst.BaseExpression | None:
-    """The value of ``name = <value>`` (or ``name: T = <value>``) in the body of ``cls``."""
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
-    for statement in body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                target, value = small.targets[0].target, small.value
-            elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                target, value = small.target, small.value
-            else:
-                continue
-            if isinstance(target, cst.Name) and target.value == name:
-                return value
-    return None
 
 
 _CONFIG_NAMES = frozenset({"config", "cfg", "conf", "args", "hparams", "settings", "options"})

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.syntax.nodes import literal_string, method_name, positional_args, read_names
+from replaylint.lint.syntax.nodes import (
+    class_body_values,
+    literal_string,
+    method_name,
+    positional_args,
+    read_names,
+)
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -564,16 +570,7 @@ def _class_constant(
     if owner is None:
         return None
     name = expr.attr.value
-    values = [
-        small.value
-        for statement in (owner.body.body if isinstance(owner.body, cst.IndentedBlock) else ())
-        if isinstance(statement, cst.SimpleStatementLine)
-        for small in statement.body
-        if isinstance(small, cst.Assign)
-        and len(small.targets) == 1
-        and isinstance(small.targets[0].target, cst.Name)
-        and small.targets[0].target.value == name
-    ]
+    values = class_body_values(owner, name, annotated=False)
     # the module-wide question walks the whole tree: ask it only of a class constant; a
     # `setattr` by name sets instances (`setattr(cache, name, ring)`), not the class
     on_class = expr.value.value != "self"

@@ -65,9 +65,16 @@ class ModuleCasts:
         self._context = context
         self._prov = prov
         self._holders: GateBufferHolders | None = None
+        self._raw_holders: GateBufferHolders | None = None
         self._holding: dict[tuple[int, int], bool] = {}
         self._bases: frozenset[str] | None = None
         self._index = prov.project.index if prov.project is not None else None
+
+    def _holders_of(self) -> GateBufferHolders:
+        """The module's classes that hold a float32 gate buffer, and those buffers (read once)."""
+        if self._holders is None:
+            self._holders = gate_buffer_holders(self._prov, self._prov.gate_buffers())
+        return self._holders
 
     def finding(
         self, call: cst.Call, site: Site, *, known_only: bool = False
@@ -76,9 +83,7 @@ class ModuleCasts:
         dtype not provably float32, and the module is not guarded (``known_only``: of a known
         class, not a module of no known class in a project that has gate buffers)."""
         prov, module = self._prov, self._context.module
-        if self._holders is None:
-            self._holders = gate_buffer_holders(prov, prov.gate_buffers())
-        holders = self._holders
+        holders = self._holders_of()
         if not isinstance(call.func, cst.Attribute):
             return None
         if holders.buffers:
@@ -138,9 +143,7 @@ class ModuleCasts:
             name = call.func.value
         if view is None or name is None or name in _NOT_HELPERS or not call.args:
             return None
-        if self._holders is None:
-            self._holders = gate_buffer_holders(self._prov, self._prov.gate_buffers())
-        if not (self._holders.buffers or self._prov.imports_gate_buffer_holder()):
+        if not (self._holders_of().buffers or self._prov.imports_gate_buffer_holder()):
             return None  # no class here or imported whose instance a helper could convert
         if not any(self._holds(arg.value, site) for arg in call.args if not arg.star):
             return None  # asked first: the helpers' modules are read only for a model
@@ -211,7 +214,10 @@ class ModuleCasts:
         """The cast of every buffer of an instance of a class of the module that keeps its gate
         buffers float32 in ``_apply``: a loop that casts each tensor never runs that method."""
         prov = self._prov
-        raw = gate_buffer_holders(prov, gate_buffer_classes(prov, kept=False), kept=False)
+        if self._raw_holders is None:
+            classes = gate_buffer_classes(prov, kept=False)
+            self._raw_holders = gate_buffer_holders(prov, classes, kept=False)
+        raw = self._raw_holders
         if not raw.buffers:
             return None
         cast = module_cast(prov, whole, site, raw.buffers) or held_module_cast(

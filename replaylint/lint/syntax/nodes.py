@@ -39,6 +39,28 @@ def properties_named(cls: cst.ClassDef, name: str) -> list[cst.FunctionDef]:
     ]
 
 
+def class_body_values(
+    cls: cst.ClassDef, name: str, *, annotated: bool = True
+) -> list[cst.BaseExpression]:
+    """The values bound to ``name`` in the body of ``cls``, in order: ``name = v`` and, with
+    ``annotated``, ``name: T = v``. Callers decide how many bindings they accept."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    values: list[cst.BaseExpression] = []
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                target, value = small.targets[0].target, small.value
+            elif annotated and isinstance(small, cst.AnnAssign) and small.value is not None:
+                target, value = small.target, small.value
+            else:
+                continue
+            if isinstance(target, cst.Name) and target.value == name:
+                values.append(value)
+    return values
+
+
 def self_attribute(expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` is ``self.<name>``."""
     return (
