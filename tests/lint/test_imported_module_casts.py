@@ -250,3 +250,114 @@ def test_an_attribute_of_self_holding_an_imported_model_is_an_instance_of_its_cl
         "        self.model = self.model.to(dtype)\n"
     )
     assert [f[:2] for f in _findings(tmp_path, loader)] == [(7, "RL004")]
+
+
+_CACHES = """
+import torch
+from torch import nn
+
+from replaylint.guards import keep_fp32_gate_caches
+
+
+class StaticCache(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("d_cache", torch.zeros(n))
+        self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+
+@keep_fp32_gate_caches
+class GuardedCache(StaticCache):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        "StaticCache(4)",
+        "nn.ModuleList([StaticCache(4) for _ in range(layers)])",
+        "nn.ModuleList(StaticCache(4) for _ in range(layers))",
+    ],
+)
+def test_a_class_of_the_module_that_holds_an_imported_holder_is_followed(
+    tmp_path: Path, held: str
+) -> None:
+    serving = (
+        "from torch import nn\nfrom .caches import GuardedCache, StaticCache\n\n\n"
+        "class Wrapper(nn.Module):\n    def __init__(self, model, layers):\n"
+        f"        super().__init__()\n        self.model = model\n        self.caches = {held}\n\n\n"
+        "def serve(model):\n    wrapper = Wrapper(model, 2)\n    wrapper.half()\n    return wrapper\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
+    found = [
+        (f.location.row, f.code, f.message)
+        for f in lint_in_project(tmp_path, files, "pkg/serving.py")
+    ]
+    assert [row[:2] for row in found] == [(14, "RL004")]
+    assert "held by `Wrapper.caches`" in found[0][2]
+    assert "registered at " in found[0][2]
+    guarded = serving.replace(held, held.replace("StaticCache", "GuardedCache"))
+    files["pkg/serving.py"] = guarded
+    assert lint_in_project(tmp_path, files, "pkg/serving.py") == []
+
+
+_SERVING_WITH_SETUP = """
+from torch import nn
+from .caches import StaticCache
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.static_cache = None
+
+    def setup_static_cache(self):
+        self.static_cache = StaticCache(4)
+        return self.static_cache
+
+    def generate(self, tokens):
+        self.setup_static_cache()
+        return tokens
+
+
+def build():
+    model = Model()
+{before}    model.half()
+{after}    return model
+"""
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "reported"),
+    [
+        ("", "", False),  # built here: the setup method has not run, so there is no cache yet
+        ("    model.setup_static_cache()\n", "", True),
+        ("    model.generate(None)\n", "", True),  # runs the setup method
+        ("    prepare(model)\n", "", True),  # handed on: any method may have run
+        ("    model.setup_static_cache()\n", "    model.setup_static_cache()\n", False),
+        ("    model.generate(None)\n", "    model.generate(None)\n", False),
+    ],
+)
+def test_a_part_a_later_method_installs_counts_once_that_method_ran(
+    tmp_path: Path, before: str, after: str, reported: bool
+) -> None:
+    serving = _SERVING_WITH_SETUP.format(before=before, after=after)
+    if "prepare(" in before:
+        serving += "\n\ndef prepare(model):\n    model.setup_static_cache()\n"
+    files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
+    found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/serving.py")]
+    if reported:
+        assert [code for code, _ in found] == ["RL004"]
+        assert "held by `Model.static_cache`" in found[0][1]
+    else:
+        assert found == []
+
+
+def test_a_parameter_of_a_class_with_a_later_installed_part_may_hold_it(tmp_path: Path) -> None:
+    serving = _SERVING_WITH_SETUP.replace(
+        "def build():\n    model = Model()\n", "def build(model: Model):\n"
+    ).format(before="", after="")
+    files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
+    assert [f.code for f in lint_in_project(tmp_path, files, "pkg/serving.py")] == ["RL004"]

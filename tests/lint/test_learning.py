@@ -350,3 +350,55 @@ def test_a_learned_name_matches_in_any_case_with_a_layer_index_or_a_path_before_
     # patterns number their rings too
     assert GateCacheNames().matches("g_cache_3")
     assert GateCacheNames().learned_from("layers.3.g_cache") is None
+
+
+_ALIASED = """
+import torch
+from torch import nn
+
+
+class StaticCache(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("log_decay_ring", torch.zeros(n, dtype=torch.float32))
+
+{accessor}
+"""
+
+
+@pytest.mark.parametrize(
+    "accessor",
+    [
+        "    @property\n    def g_cache(self):\n        return self.log_decay_ring",
+        '    def g_cache(self):\n        """The gate ring."""\n        return self.log_decay_ring',
+        "    g_cache = property(lambda self: self.log_decay_ring)",
+    ],
+)
+def test_an_accessor_named_for_the_gate_cache_teaches_what_it_hands_out(accessor: str) -> None:
+    learned = learn_gate_cache_names(
+        [("cache.py", _ALIASED.format(accessor=accessor))], DEFAULT_ENTRY_POINTS, GateCacheNames()
+    )
+    assert list(learned) == ["log_decay_ring"]
+    assert "returned by `StaticCache.g_cache`, named for the gate cache" in (
+        learned["log_decay_ring"].describe()
+    )
+
+
+@pytest.mark.parametrize(
+    "accessor",
+    [
+        # a conversion or a computation is a new tensor, not the buffer under another name
+        "    @property\n    def g_cache(self):\n        return self.log_decay_ring.float()",
+        "    def g_cache(self, layer):\n        return self.log_decay_ring",
+        "    @property\n    def g_cache(self):\n        return self._cache.ring",
+        # a name that is not the gate cache's hands out nothing of it
+        "    @property\n    def decay(self):\n        return self.log_decay_ring",
+        # too generic to mean the gate ring everywhere
+        "    @property\n    def g_cache(self):\n        return self.buffer",
+    ],
+)
+def test_other_accessors_teach_nothing(accessor: str) -> None:
+    text = _ALIASED.format(accessor=accessor)
+    assert (
+        learn_gate_cache_names([("cache.py", text)], DEFAULT_ENTRY_POINTS, GateCacheNames()) == {}
+    )

@@ -63,7 +63,7 @@ def test_a_ring_cast_after_the_unpacking_is_no_reallocation() -> None:
 
 
 def test_an_allocation_with_more_than_size_dtype_and_device_is_not_made_again() -> None:
-    # `zeros_like` would not pin the gate ring again: reported, no fix
+    # `zeros_like` would not pin the gate ring again: the comprehension is numbered instead
     source = (
         "import torch\n\ndef allocate(shapes, dtype):\n"
         "    d_cache, k_cache, g_cache = [\n"
@@ -72,4 +72,9 @@ def test_an_allocation_with_more_than_size_dtype_and_device_is_not_made_again() 
     )
     findings = Linter().check(source, "m.py")
     assert [f.code for f in findings] == ["RL006"]
-    assert findings[0].fix is None
+    fixed = Linter().fix(source, "m.py").source
+    assert "zeros_like" not in fixed
+    assert (
+        "torch.zeros(shape, dtype=torch.float32 if position == 2 else dtype, pin_memory=True)"
+        " for position, shape in enumerate(shapes)"
+    ) in fixed

@@ -7,8 +7,10 @@ name the rings. Its gate field is the gate ring's dtype when it is named for it 
 ``log_decay``) or a gate-cache name beside fields for the d and the k ring (``delta``/``d``,
 ``key``/``k``, as in :mod:`replaylint.lint.gatecache.siblings`): a router's ``gate`` beside
 ``experts`` is no ring's. A construction fills it by keyword, in field order, or through a spread
-literal (``CacheRecipe(*(torch.bfloat16,) * 4)``, ``*(a, b, c, d)``). Only classes of the module
-are read: the module's text then declares the field, which the pre-filter looks for.
+literal (``CacheRecipe(*(torch.bfloat16,) * 4)``, ``*(a, b, c, d)``). The class is one of the
+module, or a record class imported from another module of the project, read from its summary:
+there the annotations are not kept, so a field named for a gate ring counts whatever it is
+declared as (a construction that gives it a dtype literal says what it holds).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import libcst as cst
 
 from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
+from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, record_fields
 
 if TYPE_CHECKING:
@@ -44,39 +47,72 @@ class GateField:
 
 
 def gate_field_arguments(prov: Provenance, call: cst.Call) -> list[GateField]:
-    """The arguments ``call`` passes for the gate-dtype fields of the record class it constructs,
-    a class of the module (whose text then names the field, as the pre-filter requires); empty
-    for anything else."""
-    if not isinstance(call.func, cst.Name):
+    """The arguments ``call`` passes for the gate-dtype fields of the record class it constructs:
+    a class of the module (whose text then names the field, as the pre-filter requires) or one
+    imported from another module of the project; empty for anything else."""
+    shape = _record_shape(prov, call)
+    if shape is None:
         return []
-    cls = _record_class(prov, call)
-    fields = record_fields(cls) if cls is not None else None
-    if cls is None or not fields:
-        return []
-    names = [name for name, _ in fields]
-    declared = _dtype_fields(cls)
+    names, positional, declared = shape
     gates = [name for name in names if _gate_dtype_field(prov, name, names, declared)]
     found: list[GateField] = []
     for name in gates:
         passed = keyword_arg(call, name)
         if passed is not None:
             found.append(GateField(name, passed.value, "keyword", passed))
-    positional = [arg for arg in call.args if arg.keyword is None and arg.star != "**"]
     place = 0
-    for arg in positional:
+    for arg in (a for a in call.args if a.keyword is None and a.star != "**"):
+        if positional is None:
+            break  # which argument fills which field is not certain
         if arg.star == "*":
             elements = spread_elements(arg.value)
             if elements is None:
                 break  # the places after an unknown spread are not known
             for offset, element in enumerate(elements):
-                if place + offset < len(names) and names[place + offset] in gates:
-                    found.append(GateField(names[place + offset], element, "spread", arg, offset))
+                at = place + offset
+                if at < len(positional) and positional[at] in gates:
+                    found.append(GateField(positional[at], element, "spread", arg, offset))
             place += len(elements)
             continue
-        if place < len(names) and names[place] in gates:
-            found.append(GateField(names[place], arg.value, "positional", arg))
+        if place < len(positional) and positional[place] in gates:
+            found.append(GateField(positional[place], arg.value, "positional", arg))
         place += 1
     return found
+
+
+_RecordShape = tuple[list[str], "list[str] | None", "set[str] | None"]
+"""A record class's field names, those its constructor fills by position (None: not certain),
+and those declared ``torch.dtype`` (None: every field may be, as the annotations are not read)."""
+
+
+def _record_shape(prov: Provenance, call: cst.Call) -> _RecordShape | None:
+    cls = _record_class(prov, call)
+    if cls is not None:
+        fields = record_fields(cls)
+        if not fields:
+            return None
+        names = [name for name, _ in fields]
+        return names, names, _dtype_fields(cls)
+    found = _project_record(prov, call)
+    if found is None:
+        return None
+    members, flags = found.definition[2], found.definition[3]
+    names = [name for name, member in members.items() if member[0] == "field"]
+    positional = flags.get("fields")
+    if not names or not flags.get("record") or flags.get("bases"):
+        return None
+    return names, positional if isinstance(positional, list) else None, None
+
+
+def _project_record(prov: Provenance, call: cst.Call) -> Found | None:
+    """The record class of another module of the project that ``call`` constructs."""
+    if prov.project is None or not isinstance(call.func, (cst.Name, cst.Attribute)):
+        return None
+    names = prov.index.imported_names(call.func)
+    if len(names) != 1:
+        return None
+    target = prov.project.resolve(next(iter(names)))
+    return target if isinstance(target, Found) and target.definition[0] == "class" else None
 
 
 def _record_class(prov: Provenance, call: cst.Call) -> cst.ClassDef | None:
@@ -100,11 +136,13 @@ def _dtype_fields(cls: cst.ClassDef) -> set[str]:
     }
 
 
-def _gate_dtype_field(prov: Provenance, name: str, names: list[str], declared: set[str]) -> bool:
+def _gate_dtype_field(
+    prov: Provenance, name: str, names: list[str], declared: set[str] | None
+) -> bool:
     gate_caches = prov.index.gate_caches
     if gate_caches.names_gate_dtype(name):
         return True
-    if name not in declared or (
+    if (declared is not None and name not in declared) or (
         name.lower() not in GATE_FIELD_WORDS and not gate_caches.matches(name)
     ):
         return False

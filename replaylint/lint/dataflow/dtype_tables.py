@@ -163,7 +163,17 @@ def named_gate_dtype(
     """``(name, non-float32 literals)`` when ``target = value`` (a field, a default, a keyword,
     an assignment) sets a dtype named for the gate cache (``gate_dtype``, ``g_cache_dtype``) to
     floating literals other than float32 only; None otherwise."""
-    if value is None or not isinstance(target, (cst.Name, cst.Attribute)):
+    name = gate_dtype_name(prov, target, site)
+    if value is None or name is None:
+        return None
+    narrower = narrower_literals(prov, value, site)
+    return None if narrower is None else (name, narrower)
+
+
+def gate_dtype_name(prov: Provenance, target: cst.CSTNode | None, site: Site) -> str | None:
+    """The name of ``target`` when it is named for the gate cache's dtype (``gate_dtype``,
+    ``g_cache_dtype``, or a gate cache's own name declared ``torch.dtype``); None otherwise."""
+    if not isinstance(target, (cst.Name, cst.Attribute)):
         return None
     name = binding_name(target)
     names = prov.index.gate_caches
@@ -171,8 +181,7 @@ def named_gate_dtype(
         names.names_gate_dtype(name) or (names.matches(name) and _declared_a_dtype(target, site))
     ):
         return None
-    narrower = narrower_literals(prov, value, site)
-    return None if narrower is None else (name, narrower)
+    return name
 
 
 def narrower_literals(prov: Provenance, value: cst.BaseExpression, site: Site) -> list[str] | None:

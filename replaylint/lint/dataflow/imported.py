@@ -183,13 +183,18 @@ class Evaluation:
                 # `CacheConfig()` keeps every default; `cfg: CacheConfig` was built elsewhere
                 member = found.definition[2].get(str(value[2]))
                 with_arguments = kind == "call" and bool(base[2] or base[3])
+                fresh = value[1][0] == "call" or found.definition[3]["frozen"]
+                if (
+                    with_arguments
+                    and fresh
+                    and member is not None
+                    and member[0] == "field"
+                    and isinstance(found.definition[3].get("fields"), list)
+                ):  # `RingDtypes(delta=dtype, key=dtype).gate`: the argument, or the default
+                    return self.returned_field_dtypes(base, context, str(value[2]))
                 if with_arguments and (member is None or member[0] != "property"):
                     raise Unknown  # built with arguments here: which field they set is not read
-                holds = (
-                    kind == "call"
-                    and not with_arguments
-                    and (value[1][0] == "call" or found.definition[3]["frozen"])
-                )
+                holds = kind == "call" and not with_arguments and fresh
                 # built here, it is of that very class: its own property is the one read
                 exact = kind == "call" and member is not None and member[0] == "property"
                 return self.member_dtypes(

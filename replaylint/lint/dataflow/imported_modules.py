@@ -23,7 +23,12 @@ import libcst as cst
 from replaylint.lint.dataflow.helpers import CalledFunction, called_function
 from replaylint.lint.dataflow.imported import MALFORMED
 from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, chain_root
-from replaylint.lint.dataflow.new_instances import constructed_here, methods_called
+from replaylint.lint.dataflow.new_instances import (
+    constructed_here,
+    handed_on,
+    methods_called,
+    methods_called_after,
+)
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
@@ -81,12 +86,21 @@ def imported_gate_buffer(
             return None
         # a module made in this scope holds what its methods called here install; one handed in
         # (a parameter, an attribute) may have had any of them run
-        called = methods_called(receiver, site) if _made_in_scope(prov, receiver, site) else None
+        called = (
+            methods_called(receiver, site)
+            if _made_in_scope(prov, receiver, site) and not handed_on(receiver, site)
+            else None
+        )
         fresh = constructed_here(
             prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
         )
         return class_gate_buffer(
-            prov.project.index, prov.index.gate_caches.matches, found, called, fresh=fresh
+            prov.project.index,
+            prov.index.gate_caches.matches,
+            found,
+            called,
+            fresh=fresh,
+            reinstalled=methods_called_after(receiver, site),
         )
     except MALFORMED:
         return None
@@ -274,7 +288,10 @@ def _part(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) ->
     found: Found | None = None
     for cls in (holder, *_project_bases(prov, holder)):
         facts = cls.definition[3].get("module")
-        for attribute, callees in facts["holds"] if isinstance(facts, dict) else ():
+        if not isinstance(facts, dict):
+            continue
+        installed = [(attribute, callees) for attribute, callees, _ in facts.get("installs", ())]
+        for attribute, callees in [*facts["holds"], *installed]:
             if attribute != expr.attr.value:
                 continue
             for callee in callees:
@@ -348,11 +365,28 @@ def _returned_here(
 def _class(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Found | None:
     """The project class ``expr`` (an imported name, or an attribute of an imported module)
     denotes."""
-    value = as_value(prov, expr, site, NO_ENV)
-    if value is None or value[0] != "ref" or prov.project is None:
+    if prov.project is None:
         return None
-    target = prov.project.resolve(str(value[2]))
+    value = as_value(prov, expr, site, NO_ENV)
+    if value is not None and value[0] == "ref":
+        target = prov.project.resolve(str(value[2]))
+    elif isinstance(expr, cst.Name) and _module_class(prov, expr, site):
+        # a class of this module: its summary says which parts of other modules it builds
+        target = prov.project.resolve(f"{prov.project.module}.{expr.value}")
+    else:
+        return None
     return target if isinstance(target, Found) and target.definition[0] == "class" else None
+
+
+def _module_class(prov: Provenance, name: cst.Name, site: Site) -> bool:
+    """Whether ``name`` is bound only by one class statement at the top of this module."""
+    found = prov.lookup(name.value, site) or []
+    return (
+        len(found) == 1
+        and found[0][0].kind == "definition"
+        and isinstance(found[0][0].statement, cst.ClassDef)
+        and found[0][0].statement in prov.index.module.body
+    )
 
 
 def _constructs(cls: Found, method: str) -> bool:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.instances import MODULE_CHAIN
+from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -46,6 +46,58 @@ def methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
         ):
             called.add(node.func.attr.value)
     return frozenset(called)
+
+
+def methods_called_after(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
+    """The methods called on the name ``receiver`` is by the statements that follow the one at
+    ``site`` in its block (so they run whenever it does): ``model.setup_caches(...)`` after
+    ``model.half()`` makes its parts again, in their own dtypes."""
+    receiver = chain_root(receiver)
+    if not isinstance(receiver, cst.Name):
+        return frozenset()
+    following = _following(site)
+    called: set[str] = set()
+    for statement in following:
+        for node in descendants(statement):
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and isinstance(node.func.value, cst.Name)
+                and node.func.value.value == receiver.value
+            ):
+                called.add(node.func.attr.value)
+    return frozenset(called)
+
+
+def _following(site: Site) -> list[cst.CSTNode]:
+    """The statements after the one at ``site`` in the block that holds it (none in an
+    expression's own line)."""
+    statement = site.statement
+    for node in descendants(site.scope):
+        body = getattr(node, "body", None)
+        if isinstance(body, (list, tuple)) and any(s is statement for s in body):
+            index = next(i for i, s in enumerate(body) if s is statement)
+            return [s for s in body[index + 1 :] if isinstance(s, cst.CSTNode)]
+    return []
+
+
+def handed_on(receiver: cst.BaseExpression, site: Site) -> bool:
+    """Whether the scope calls the name ``receiver`` is, or passes it to a call, before the
+    statement at ``site``: any method may have run on it then (``model(x)``, ``prepare(model)``)."""
+    receiver = chain_root(receiver)
+    if not isinstance(receiver, cst.Name):
+        return False
+    name = receiver.value
+    for node in descendants(site.scope):  # in source order
+        if node is site.statement:
+            break
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Name) and node.func.value == name:
+            return True
+        if any(isinstance(a.value, cst.Name) and a.value.value == name for a in node.args):
+            return True
+    return False
 
 
 def constructed_here(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.record_names import asdict_fields, record_fields_named
 from replaylint.lint.syntax.nodes import (
     class_body_values,
     literal_string,
@@ -159,6 +160,10 @@ def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env)
             else:
                 contained = left in options
             return contained if isinstance(operator, cst.In) else not contained
+        numbers = (_integer(prov, test.left, env), _integer(prov, comparison.comparator, env))
+        if None not in numbers and isinstance(operator, (cst.Equal, cst.NotEqual)):
+            # `position == 2` of `for position, t in enumerate(rings)`
+            return (numbers[0] == numbers[1]) is isinstance(operator, cst.Equal)
         right = string_value(prov, comparison.comparator, site, env)
         if left is None or right is None:
             return None
@@ -181,6 +186,37 @@ def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env)
             check = subject.startswith if method == "startswith" else subject.endswith
             return check(tuple(options))
     return None
+
+
+def _integer(prov: Provenance, expr: cst.BaseExpression, env: Env) -> int | None:
+    """The integer literal ``expr`` is, or that a loop variable holds in this iteration."""
+    if isinstance(expr, cst.Integer):
+        return int(expr.evaluated_value)
+    if isinstance(expr, cst.Name) and isinstance(value := env.get(expr.value), Bound):
+        if not prov.enter():
+            return None
+        try:
+            return _integer(prov, value.expr, value.env(env))
+        finally:
+            prov.leave()
+    return None
+
+
+def numbered_iteration(loop: cst.CompFor, position: int, site: Site) -> Iteration:
+    """For ``for i, x in enumerate(...)``: ``i`` holds ``position`` (what ``x`` holds is not
+    known); nothing for any other loop."""
+    target, iterable = loop.target, loop.iter
+    if (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "enumerate"
+        and len(iterable.args) == 1
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and isinstance(counter := target.elements[0].value, cst.Name)
+    ):
+        return {counter.value: Bound(cst.Integer(str(position)), site)}
+    return {}
 
 
 def _string_options(
@@ -220,43 +256,6 @@ def naming_variable(key: cst.BaseExpression, envs: Sequence[Iteration]) -> str |
     return candidates[0] if len(candidates) == 1 else None
 
 
-def _record_fields_named(
-    prov: Provenance, expr: cst.BaseExpression, site: Site
-) -> list[str] | None:
-    """The field names ``Record._fields`` lists, for a record class of the project."""
-    if not (isinstance(expr, cst.Attribute) and expr.attr.value == "_fields"):
-        return None
-    return _field_names(prov, expr.value, site)
-
-
-def _asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> list[str] | None:
-    """The field names of ``record._asdict()``, for a parameter annotated with a record class
-    of the project (``def __init__(self, state: Rings)``)."""
-    if not (
-        isinstance(expr, cst.Call)
-        and method_name(expr) == "_asdict"
-        and not expr.args
-        and isinstance(expr.func, cst.Attribute)
-        and isinstance(expr.func.value, cst.Name)
-    ):
-        return None
-    found = prov.lookup(expr.func.value.value, site)
-    if not found or len(found) != 1 or found[0][0].kind != "param":
-        return None
-    param = found[0][0].node
-    if not isinstance(param, cst.Param) or param.annotation is None:
-        return None
-    return _field_names(prov, param.annotation.annotation, site)
-
-
-def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[str] | None:
-    """The positional fields of the project's record class ``cls`` names."""
-    from replaylint.lint.dataflow.records import positional_fields  # records reads strings
-
-    fields = positional_fields(prov, cst.Call(func=cls), site)
-    return None if fields is None else [name for name, _ in fields]
-
-
 def _literal_items(
     prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int
 ) -> list[tuple[cst.BaseExpression, Site]] | None:
@@ -282,7 +281,7 @@ def _literal_items(
         if binding.value is None:
             return None
         return _literal_items(prov, binding.value, binding_site, depth + 1)
-    fields = _record_fields_named(prov, expr, site)
+    fields = record_fields_named(prov, expr, site)
     if fields is not None:  # `Rings._fields` of a NamedTuple: its field names
         return [(cst.SimpleString(repr(name)), site) for name in fields]
     constant = _class_constant(prov, expr, site)
@@ -347,7 +346,7 @@ def _literal_items(
             mapping, mapping_site = found[0][0].value, found[0][1]
         if isinstance(mapping, cst.Call) and _zipped_dict(mapping):
             return _zipped_items(prov, mapping, mapping_site, method, depth)
-        fields = _asdict_fields(prov, mapping, mapping_site) if mapping is not None else None
+        fields = asdict_fields(prov, mapping, mapping_site) if mapping is not None else None
         if fields is not None:  # `state._asdict().items()` of `state: Rings`: its fields
             keys = [cst.SimpleString(repr(name)) for name in fields]
             if method == "keys":

@@ -14,6 +14,7 @@ from replaylint.lint.dataflow.kwargs import table_call
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.annotations import annotated_name
 from replaylint.lint.syntax.nodes import positional_args, self_attribute
 from replaylint.lint.syntax.sites import Site
 
@@ -81,15 +82,22 @@ def _returned_table(
     return None if bound is None else as_value(prov, bound[0], bound[1], env)
 
 
-def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) -> Value | None:
+def _receiver(
+    prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env, depth: int = 0
+) -> Value | None:
     """An instance of a project class: ``CacheConfig()``, or a local or parameter annotated
-    with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``)."""
+    with or bound to one (``cfg: CacheConfig``, ``cfg = CacheConfig()``, ``cfg = self.cfg``),
+    or ``given or CacheConfig(...)`` with ``given: CacheConfig | None``."""
+    if depth > _MAX_RECEIVER_DEPTH:
+        return None
     if isinstance(expr, cst.Call):
         return as_value(prov, expr, site, env)
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
+        return _either_instance(prov, expr, site, env, depth)
     if self_attribute(expr) and (owner := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)  # `self.dtypes = cache_dtypes(...)`, set once
         values = list(instance_values(prov, owner, expr.attr.value))
-        if len(values) != 1 or not isinstance(values[0][0], cst.Call):
+        if len(values) != 1:
             return None
         reading: set[tuple[int, str]] = prov.index.memo.setdefault(_READING, set())
         key = (id(owner), expr.attr.value)
@@ -97,25 +105,54 @@ def _receiver(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) 
             return None  # `self.x = self.x.float()`, or a cycle through other attributes
         reading.add(key)
         try:
-            made = as_value(prov, values[0][0], values[0][1], env)
+            value, where = values[0]
+            made = _receiver(prov, value, where, env, depth + 1)
         finally:
             reading.discard(key)
-        return None if made is None else ["__bound__", made]
+        return _bound(made)
     if not isinstance(expr, cst.Name):
         return None
     found = prov.lookup(expr.value, site, env)
     if not found or len(found) != 1:
         return None
     binding, binding_site = found[0]
-    if binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        made = as_value(prov, binding.value, binding_site, env)
-        return None if made is None else ["__bound__", made]
+    if binding.kind == "assign" and binding.value is not None:
+        made = _receiver(prov, binding.value, binding_site, env, depth + 1)
+        return _bound(made)
     node = binding.node
     if binding.kind == "param" and isinstance(node, cst.Param) and node.annotation is not None:
-        annotation = node.annotation.annotation
-        cls = as_value(prov, annotation, binding_site, env)
+        annotation = annotated_name(node.annotation)  # `RingDtypes | None`: a RingDtypes
+        cls = None if annotation is None else as_value(prov, annotation, binding_site, env)
         return None if cls is None else ["__instance__", cls]
     return None
+
+
+_MAX_RECEIVER_DEPTH = 6
+
+
+def _bound(made: Value | None) -> Value | None:
+    """A local or attribute bound to ``made``: a construction is remembered as made earlier."""
+    if made is None:
+        return None
+    return ["__bound__", made] if made[0] == "call" else made
+
+
+def _either_instance(
+    prov: Provenance, expr: cst.BooleanOperation, site: Site, env: Env, depth: int
+) -> Value | None:
+    """``given or RingDtypes(...)``: an instance of one class either way, built elsewhere (its
+    fields' defaults vouch only for float32)."""
+    classes: list[Value] = []
+    for operand in (expr.left, expr.right):
+        made = _receiver(prov, operand, site, env, depth + 1)
+        if made is None:
+            return None
+        if made[0] == "__bound__":
+            made = made[1]
+        if made[0] not in {"call", "__instance__"}:
+            return None
+        classes.append(made[1])
+    return ["__instance__", classes[0]] if all(c == classes[0] for c in classes) else None
 
 
 def _held_instance(prov: Provenance, expr: cst.BaseExpression, site: Site) -> Value | None:

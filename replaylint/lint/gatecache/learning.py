@@ -69,6 +69,7 @@ def learn_gate_cache_names(
     patterns = known if known is not None else GateCacheNames()
     needles = entry_point_needles(entry_points)
     passing = _passing_pattern(patterns)
+    aliasing = _alias_pattern(patterns)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
         calls = (
@@ -76,8 +77,9 @@ def learn_gate_cache_names(
             or any(needle in text for needle in needles)
             or _may_teach(passing, text, patterns)
         )
-        if not calls and not may_list_rings(text.encode("utf-8", "surrogatepass")):
-            continue  # neither a call that teaches nor a row of rings
+        aliases = aliasing.search(text) is not None
+        if not (calls or aliases) and not may_list_rings(text.encode("utf-8", "surrogatepass")):
+            continue  # neither a call that teaches, an alias, nor a row of rings
         if too_large(text) is not None:  # the checking pass reports it
             continue
         try:
@@ -86,6 +88,7 @@ def learn_gate_cache_names(
             continue
         found = [
             *(_names_in(tree, filename, entry_points, patterns) if calls else ()),
+            *(_aliased_names(tree, filename, patterns) if aliases else ()),
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
@@ -153,6 +156,69 @@ def _passing_pattern(names: GateCacheNames) -> re.Pattern[str]:
     pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
     words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
     return re.compile(rf"[(,]\s*\w*(?:{words})\w*\s*=(?!=)|['\"]\w*(?:{words})\w*['\"]\s*:")
+
+
+def _alias_pattern(names: GateCacheNames) -> re.Pattern[str]:
+    """Text that may define an alias of the gate ring: a method (a property) named like a gate
+    cache that takes only ``self``, or ``g_cache = property(...)``."""
+    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
+    words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
+    return re.compile(
+        rf"\bdef\s+\w*(?:{words})\w*\s*\(\s*self\s*\)|\b\w*(?:{words})\w*\s*=\s*property\s*\("
+    )
+
+
+def _aliased_names(
+    tree: ast.Module, filename: str, patterns: GateCacheNames
+) -> Iterator[tuple[str, LearnedFrom]]:
+    """``@property def g_cache(self): return self.log_decay_ring`` (or ``g_cache =
+    property(lambda self: self.log_decay_ring)``): an accessor named for the gate ring that
+    hands out an attribute as it is makes that attribute the gate ring under its own name."""
+    for cls in walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for statement in cls.body:
+            returned: ast.expr | None = None
+            if isinstance(statement, ast.FunctionDef) and patterns.matches(statement.name):
+                args = statement.args
+                plain = len(args.args) == 1 and not (
+                    args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs
+                )
+                body = [s for s in statement.body if not _docstring(s)]
+                if plain and len(body) == 1 and isinstance(body[0], ast.Return):
+                    returned = body[0].value
+                name = statement.name
+            elif (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and patterns.matches(statement.targets[0].id)
+                and isinstance(statement.value, ast.Call)
+                and dotted(statement.value.func) == "property"
+                and statement.value.args
+                and isinstance(statement.value.args[0], ast.Lambda)
+            ):
+                returned = statement.value.args[0].body
+                name = statement.targets[0].id
+            if not (
+                isinstance(returned, ast.Attribute)
+                and isinstance(returned.value, ast.Name)
+                and returned.value.id == "self"
+            ):
+                continue
+            reason = (
+                f"returned by `{cls.name}.{name}`, named for the gate cache, at "
+                f"{filename}:{statement.lineno}"
+            )
+            yield returned.attr, LearnedFrom(filename, statement.lineno, name, reason)
+
+
+def _docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 def learning_needles(entry_points: Sequence[EntryPoint], names: GateCacheNames) -> list[str] | None:

@@ -49,6 +49,35 @@ def constructing_methods(cls: ast.ClassDef) -> set[str]:
     return _constructing(methods)
 
 
+def method_runners(cls: ast.ClassDef) -> dict[str, set[str]]:
+    """Method name -> the methods whose run runs it on ``self`` (itself included, at any depth):
+    a part ``setup_caches`` installs is also there once ``generate`` (which calls it) has run."""
+    methods = {
+        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    callers: dict[str, set[str]] = {name: set() for name in methods}
+    for name, method in methods.items():
+        for node, _ in _walk(method):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+                and node.func.attr in callers
+            ):
+                callers[node.func.attr].add(name)
+    runners: dict[str, set[str]] = {}
+    for name in methods:
+        found, stack = set(), [name]
+        while stack:
+            current = stack.pop()
+            if current not in found:
+                found.add(current)
+                stack.extend(callers.get(current, ()))
+        runners[name] = found
+    return runners
+
+
 def _constructing(methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) -> set[str]:
     """``__init__`` and the methods it runs unconditionally on ``self``, at any depth."""
     found: set[str] = set()

@@ -84,14 +84,17 @@ def class_gate_buffer(
     called: frozenset[str] | None = None,
     *,
     fresh: bool = False,
+    reinstalled: frozenset[str] = frozenset(),
 ) -> ImportedGateBuffer | None:
     """The gate buffer (one of ``names``) that a cast of an instance of the project class
     ``found`` converts; None when there is none or a class on the way keeps it float32.
     ``called``: the methods called on the instance before the cast, for the parts a method
     installs (``model.setup_caches(...)``); None counts every such part. ``fresh``: the instance
-    was just constructed, so only buffers its constructors register count."""
+    was just constructed, so only buffers its constructors register count. ``reinstalled``: the
+    methods surely called on it after the cast: the parts they install are made again, and what
+    the cast did to the old ones does not last."""
     try:
-        return _gate_buffer(index, matches, found, 0, set(), called, fresh)
+        return _gate_buffer(index, matches, found, 0, set(), called, fresh, reinstalled)
     except MALFORMED:
         return None
 
@@ -167,6 +170,7 @@ def _gate_buffer(
     seen: set[tuple[str, str]],
     called: frozenset[str] | None,
     fresh: bool = False,
+    reinstalled: frozenset[str] = frozenset(),
 ) -> ImportedGateBuffer | None:
     key = (found.module, found.name)
     facts = _facts(found)
@@ -186,19 +190,25 @@ def _gate_buffer(
         parent_facts = _facts(parent)
         if parent_facts is not None and _keeps(parent_facts, matches):
             return None  # a guarded base keeps what it and its subclasses hold float32
-        inherited = _gate_buffer(index, matches, parent, depth + 1, seen, called, fresh)
+        inherited = _gate_buffer(
+            index, matches, parent, depth + 1, seen, called, fresh, reinstalled
+        )
         if inherited is not None:
             return ImportedGateBuffer(
                 found.name, inherited.name, inherited.owner, inherited.origin, inherited.held_by
             )
+    installs = facts.get("installs", ())
     installed = [
         (attribute, callees)
-        for attribute, callees, method in facts.get("installs", ())
+        for attribute, callees, method in installs
         if called is None or method in called
     ]
+    made_again = {attribute for attribute, _, method in installs if method in reinstalled}
     # a part's own installers are not known to have run: only its constructed parts count
     inner: frozenset[str] | None = None if called is None else frozenset()
     for attribute, callees in [*facts["holds"], *installed]:
+        if attribute in made_again:
+            continue
         for callee in callees:
             held = _held_part(index, matches, found.module, callee, depth, seen, inner, fresh)
             if held is not None:

@@ -12,15 +12,16 @@ of a class with base classes records, from the class's own text (``ast``, no eva
     ``maker`` is ``""`` when the constructor registers it, else the method that does
     (:mod:`.buffer_makers`): an instance holds it once that method has run;
 ``holds``
-    ``[[attribute, [callee, ...]], ...]``: what its methods build into attributes of ``self``
+    ``[[attribute, [callee, ...]], ...]``: what its constructor builds into attributes of ``self``
     (``self.layers = nn.ModuleList([Layer(...) for ...])``, ``add_module(f"layer{i}", Layer())``,
     ``self.blocks.append(Block())``, ``self.model.layers = ...`` of a container module); every callee is kept as a summary value, and the importer
     keeps only those that resolve to classes of the project;
 ``installs``
-    ``[[attribute, [callee, ...], method], ...]``: what ``method`` builds into attributes of the
-    instance's parts (``for block in self.layers: block.attention.kv_cache = Cache(...)``, a
-    ``setup_caches`` that adds the caches after construction): an instance holds them only once
-    that method has been called on it;
+    ``[[attribute, [callee, ...], method], ...]``: what ``method``, run after construction, builds
+    into attributes of the instance or of its parts (``self.static_cache = Cache(...)`` in
+    ``setup_static_cache``, ``for block in self.layers: block.attention.kv_cache = Cache(...)``),
+    listed once for it and once for each method that runs it: an instance holds them only once
+    one of those has been called on it;
 ``bases``
     the base classes as summary values;
 ``keeps``
@@ -39,7 +40,12 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from replaylint.lint.project.buffer_makers import buffer_makers, written_name
+from replaylint.lint.project.buffer_makers import (
+    buffer_makers,
+    constructing_methods,
+    method_runners,
+    written_name,
+)
 
 Value = list[Any]
 
@@ -83,16 +89,25 @@ def module_facts(
                     callees.append(["either", [value_of(choice) for choice in choices], False])
 
     parts = _parts_of_self(nodes)
-    method_of = (
-        {
-            id(node): statement.name
-            for statement in cls.body
-            if isinstance(statement, ast.FunctionDef)
-            for node in ast.walk(statement)
-        }
-        if parts
-        else {}
-    )
+    method_of = {
+        id(node): statement.name
+        for statement in cls.body
+        if isinstance(statement, ast.FunctionDef)
+        for node in ast.walk(statement)
+    }
+    constructing = constructing_methods(cls)
+    runners = method_runners(cls)
+
+    def hold_self(attribute: str, node: ast.AST, expr: ast.expr) -> None:
+        """A part of ``self``: held from construction, or installed by a method run later
+        (``self.static_cache = Cache(...)`` in ``setup_static_cache``), and by its callers."""
+        method = method_of.get(id(node), "")
+        if method in constructing or method not in runners:
+            hold(attribute, expr)
+            return
+        for runner in sorted(runners[method]):
+            hold(attribute, expr, installs.setdefault((attribute, runner), []))
+
     for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method, args = node.func.attr, node.args
@@ -103,13 +118,13 @@ def module_facts(
             elif method == "add_module" and len(args) == 2:
                 name = written_name(args[0])
                 if name is not None:
-                    hold(name, args[1])
+                    hold_self(name, node, args[1])
             elif method in _ADDING and args and _self_attribute(node.func.value) is not None:
-                hold(str(_self_attribute(node.func.value)), args[-1])
+                hold_self(str(_self_attribute(node.func.value)), node, args[-1])
         elif isinstance(node, ast.Call) and _is_name(node.func, "setattr") and len(node.args) == 3:
             name = written_name(node.args[1])
             if _self_attribute_base(node.args[0]) and name is not None:
-                hold(name, node.args[2])
+                hold_self(name, node, node.args[2])
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -121,8 +136,7 @@ def module_facts(
                 if attribute is None:
                     part = _part_attribute(target, parts)
                     if part is not None:
-                        key = (part, method_of.get(id(node), ""))
-                        hold(part, node.value, installs.setdefault(key, []))
+                        hold_self(part, node, node.value)
                     continue
                 value = node.value
                 if (
@@ -133,7 +147,7 @@ def module_facts(
                 ):
                     buffers.append([attribute, node.lineno, makers.get(attribute, "")])
                 else:
-                    hold(attribute, value)
+                    hold_self(attribute, node, value)
     keeps, restores = _keeps(cls)
     return {
         "buffers": buffers,

@@ -4,11 +4,10 @@ shapes))`` gives every field it fills, the gate cache's among them, the same dty
 The fields a ``*`` argument fills follow from the record's positional fields (a NamedTuple or
 dataclass of the module or of another module of the project): as many as the comprehension has
 iterations, when that is known, or else every field up to the positional arguments after it,
-when none of those has a default. The unsafe fix splits the spread around the gate cache's
-field when the comprehension is written in the call and loops a plain name over a sequence of
-known length: ``*(E for t in S)`` becomes ``*(*(E for t in S[:j]), E', *(E for t in S[j + 1:]))``,
-where ``E'`` is the element for ``S[j]`` made float32. Unsafe: ``S`` must be a sequence (a
-tuple, a list, a NamedTuple), and it is read three times.
+when none of those has a default. When the comprehension is written in the call, the fix
+numbers its loop (:mod:`replaylint.lint.fixes.positional`): ``*(E for t in S)`` becomes
+``*(E' for position, t in enumerate(S))``, where ``E'`` picks float32 when ``position`` is the
+gate cache's field's. ``S`` is read once, as before, and may be any iterable.
 """
 
 from __future__ import annotations
@@ -16,12 +15,11 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.facts import AddDtypeArgument, Kind, SetDtype, TensorFact
+from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.records import positional_fields, sequence_length
-from replaylint.lint.dataflow.strings import NO_ENV
-from replaylint.lint.fixes.drafts import AddModuleImport, EditDraft, FixDraft, Replace
-from replaylint.lint.model import Applicability
+from replaylint.lint.dataflow.strings import NO_ENV, numbered_iteration
+from replaylint.lint.fixes.positional import positional_fix
 from replaylint.lint.rules.loop_treatment import shared_treatment
 from replaylint.lint.rules.shared_helpers import HelperFinding
 from replaylint.lint.rules.wording import WHY, named_gate_cache
@@ -67,7 +65,11 @@ def spread_record_findings(
     iterations = prov.iterations(loop.target, loop.iter, site)
     found: list[HelperFinding] = []
     for offset, name in gates:
-        env = iterations[offset] if iterations and len(iterations) == len(filled) else NO_ENV
+        env = (
+            iterations[offset]
+            if iterations and len(iterations) == len(filled)
+            else numbered_iteration(loop, offset, site)
+        )
         for fact in prov.tensor_facts(comprehension.elt, site, env):
             if fact.kind not in _REPORTED:
                 continue
@@ -80,122 +82,15 @@ def spread_record_findings(
                     f"{subject} is filled from one comprehension that gives every field of "
                     f"`{record}` it fills {shared_treatment(context.module, fact)}; give the gate "
                     f"cache's field its own float32 value ({WHY})",
-                    _split_fix(context, comprehension, (offset, len(filled)), fact, site)
+                    positional_fix(
+                        context.module, context.spelling.torch_at(site), comprehension, offset, fact
+                    )
                     if written
                     else None,
                 )
             )
             break
     return found[:1]
-
-
-def _split_fix(
-    context: FileContext,
-    comprehension: Comprehension,
-    place: tuple[int, int],
-    fact: TensorFact,
-    site: Site,
-) -> FixDraft | None:
-    """The spread split around the gate cache's field, the ``place[0]``-th of the ``place[1]``
-    it fills (see the module docstring)."""
-    offset, count = place
-    loop = comprehension.for_in
-    if not isinstance(loop.target, cst.Name) or not isinstance(
-        loop.iter, (cst.Name, cst.Attribute)
-    ):
-        return None
-    module = context.module
-    source, variable = one_line(module, loop.iter), loop.target.value
-    torch = context.spelling.torch_at(site)
-    float32 = torch.attribute("float32") if torch is not None else "torch.float32"
-    element = _float32_element(comprehension.elt, fact, variable, f"{source}[{offset}]", float32)
-    if element is None:
-        return None
-    code = module.code_for_node(comprehension.elt)
-    parts = [f"*({code} for {variable} in {source}[:{offset}])"] if offset else []
-    parts.append(element)
-    if offset + 1 < count:
-        parts.append(f"*({code} for {variable} in {source}[{offset + 1}:])")
-    # a generator's range leaves out its parentheses, which then hold the new tuple display;
-    # a list comprehension's brackets are in its range and go with it
-    text = ", ".join(parts)
-    if not isinstance(comprehension, cst.GeneratorExp) or not comprehension.lpar:
-        text = f"({text})"
-    edits: list[EditDraft] = [Replace(comprehension, text)]
-    if torch is None:
-        edits.append(AddModuleImport("torch"))
-    return FixDraft(
-        f"Give the gate cache's field its own {float32} value", tuple(edits), Applicability.UNSAFE
-    )
-
-
-def _float32_element(
-    element: cst.BaseExpression, fact: TensorFact, variable: str, item: str, float32: str
-) -> str | None:
-    """``element`` for the item ``item`` (the loop's ``variable`` replaced) made float32, as
-    code; None for a way of making it float32 this cannot write."""
-    target = fact.target
-    if isinstance(target, SetDtype):
-        changed = _Rewrite(variable, item, target.node, cst.parse_expression(float32))
-    elif isinstance(target, AddDtypeArgument):
-        changed = _Rewrite(variable, item, target.node, None, float32)
-    else:
-        return None
-    rewritten = element.visit(changed)
-    if not changed.done or not isinstance(rewritten, cst.BaseExpression):
-        return None
-    return cst.Module([]).code_for_node(rewritten)
-
-
-class _Rewrite(cst.CSTTransformer):
-    """The loop variable replaced by one item, and the dtype made float32 where ``node`` is."""
-
-    def __init__(
-        self,
-        variable: str,
-        item: str,
-        node: cst.CSTNode,
-        new: cst.BaseExpression | None,
-        added: str | None = None,
-    ) -> None:
-        self._variable, self._item, self._node, self._new, self._added = (
-            variable,
-            item,
-            node,
-            new,
-            added,
-        )
-        self.done = False
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        if original_node is self._node and self._new is not None:
-            self.done = True
-            return self._new
-        if original_node.value == self._variable:
-            return cst.parse_expression(self._item)
-        return updated_node
-
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.BaseExpression:
-        if original_node is self._node and self._new is not None:
-            self.done = True
-            return self._new
-        return updated_node
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if original_node is self._node and self._added is not None:
-            self.done = True
-            dtype = cst.Arg(
-                keyword=cst.Name("dtype"),
-                value=cst.parse_expression(self._added),
-                equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=cst.SimpleWhitespace(""),
-                ),
-            )
-            return updated_node.with_changes(args=[*updated_node.args, dtype])
-        return updated_node
 
 
 def _comprehension(

@@ -117,6 +117,44 @@ RECORD_INVALID: tuple[Invalid, ...] = (
 
         import torch
 
+        class KDALayerState(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def layer_state(shape, dtype):
+            # built in field order: the third argument is the gate ring
+            return KDALayerState(
+                torch.zeros(shape, dtype=dtype),
+                torch.zeros(shape, dtype=dtype),
+                torch.zeros(shape, dtype=torch.bfloat16),
+            )
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class KDALayerState(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def layer_state(shape, dtype):
+            # built in field order: the third argument is the gate ring
+            return KDALayerState(
+                torch.zeros(shape, dtype=dtype),
+                torch.zeros(shape, dtype=dtype),
+                torch.zeros(shape, dtype=torch.float32),
+            )
+        """,
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
         class LayerState(NamedTuple):
             ssm_state: torch.Tensor
             d_cache: torch.Tensor

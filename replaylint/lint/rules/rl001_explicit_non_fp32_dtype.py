@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.dtype_tables import named_gate_dtype
+from replaylint.lint.dataflow.dtype_tables import gate_dtype_name, named_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.config_settings import (
+    CONFIG_INVALID,
+    CONFIG_VALID,
+    report_config_entries,
+    report_string_setting,
+)
 from replaylint.lint.rules.record_tables import (
     RECORD_INVALID,
     RECORD_VALID,
@@ -84,7 +90,13 @@ A setting named for the gate cache's dtype (`gate_dtype`, `g_dtype`, `gate_ring_
 `<gate cache>_dtype`) that holds a non-float32 literal is reported where it is written: a field
 default (`gate_dtype: torch.dtype = torch.bfloat16`), a parameter default, a keyword argument or an
 assignment in a function or class. A constant (`GATE_RING_DTYPE`) or a module-level setting is a
-policy: it is reported where a gate cache is made with it, in its own module or an importer.
+policy: it is reported where a gate cache is made with it, in its own module or an importer. A
+string that names a dtype is a setting too (`gate_dtype="bf16"`, `"torch.float16"`, `"amp_bf16"`),
+and so is the entry of a config literal whose key is named for the gate dtype, anywhere:
+`{"decode_cache": {"gate_dtype": "${decode_cache.ring_dtype}"}}` follows OmegaConf's
+interpolations (absolute, or relative with leading dots) inside the literal to the string they
+reach. The string fix names float32 in the setting's own vocabulary (`"fp32"`, `"float32"`,
+`"torch.float32"`; for an interpolation, the config's own float32 spelling).
 """
     FIX = (
         """\
@@ -98,9 +110,11 @@ checked.
         + FIX_SAFETY
     )
     FIX_APPLICABILITY = Applicability.SAFE
+    _dict_depth = 0  # dict literals entered: only the outermost is read as a config
 
     VALID = (
         *RECORD_VALID,
+        *CONFIG_VALID,
         Valid(
             """
             import torch
@@ -465,44 +479,6 @@ checked.
         ),
         Invalid(
             """
-            from typing import NamedTuple
-
-            import torch
-
-            class KDALayerState(NamedTuple):
-                d_cache: torch.Tensor
-                k_cache: torch.Tensor
-                g_cache: torch.Tensor
-
-            def layer_state(shape, dtype):
-                # built in field order: the third argument is the gate ring
-                return KDALayerState(
-                    torch.zeros(shape, dtype=dtype),
-                    torch.zeros(shape, dtype=dtype),
-                    torch.zeros(shape, dtype=torch.bfloat16),
-                )
-            """,
-            expected_fix="""
-            from typing import NamedTuple
-
-            import torch
-
-            class KDALayerState(NamedTuple):
-                d_cache: torch.Tensor
-                k_cache: torch.Tensor
-                g_cache: torch.Tensor
-
-            def layer_state(shape, dtype):
-                # built in field order: the third argument is the gate ring
-                return KDALayerState(
-                    torch.zeros(shape, dtype=dtype),
-                    torch.zeros(shape, dtype=dtype),
-                    torch.zeros(shape, dtype=torch.float32),
-                )
-            """,
-        ),
-        Invalid(
-            """
             import torch
 
             class LinearAttnCache:
@@ -541,6 +517,7 @@ checked.
             message_contains="torch.float16",
         ),
         *RECORD_INVALID,
+        *CONFIG_INVALID,
     )
 
     # ---------------------------------------------- a dtype named for the gate cache
@@ -558,12 +535,24 @@ checked.
     def visit_Arg(self, node: cst.Arg) -> None:
         self._gate_dtype(node.keyword, node.value)
 
+    def visit_Dict(self, node: cst.Dict) -> None:
+        if not self._dict_depth:  # a config literal: its nested literals are read with it
+            report_config_entries(self, node)
+        self._dict_depth += 1
+
+    def leave_Dict(self, original_node: cst.Dict) -> None:
+        self._dict_depth -= 1
+
     def visit_Call(self, node: cst.Call) -> None:
         report_narrow_gate_fields(self, node)
         report_zipped_entries(self, node, Kind.EXPLICIT)
 
     def _gate_dtype(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
         site = self.site()
+        name = gate_dtype_name(self.provenance, target, site) if value is not None else None
+        if name is not None and isinstance(value, cst.SimpleString):
+            report_string_setting(self, name, value)  # `gate_dtype="bf16"`
+            return
         found = named_gate_dtype(self.provenance, target, value, site)
         if found is None or value is None:
             return

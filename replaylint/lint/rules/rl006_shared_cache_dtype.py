@@ -11,9 +11,10 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
-from replaylint.lint.dataflow.strings import Iteration, naming_variable
+from replaylint.lint.dataflow.strings import Iteration, naming_variable, numbered_iteration
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.fixes.positional import positional_fix
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
@@ -104,11 +105,14 @@ becomes `x.float() if name == "g_cache" else x.half()`. A tensor made before the
 with the gate cache's name (`zip(RINGS, (d, k, g))`) is allocated as float32 where it is made,
 when no other cache is that tensor and it is read nowhere else. For a helper, the
 gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
-only the allocation the helper returns. The fix is **safe**: every other cache keeps exactly the
+only the allocation the helper returns. A comprehension whose elements are taken by position
+(unpacked into `d, k, g = ...`, or spread into a record's fields) gets its loop numbered:
+`(t.to(torch.float32 if position == 2 else dtype) for position, t in enumerate(rings))`, the
+iterable read once as before. The fix is **safe**: every other cache keeps exactly the
 dtype expression it had, and only the gate cache changes, to float32. Otherwise — a call
 of a per-key helper (which other callers may use for caches that are not gate caches), a cast
-with arguments in a loop, a helper that also uses its dtype for other work, a comprehension unpacked into several
-targets — the finding says what to change and has no fix, with one exception: a gate cache
+with arguments in a loop, a helper that also uses its dtype for other work — the finding says
+what to change and has no fix, with one exception: a gate cache
 unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`, `dtype` and
 `device` given) is made again on the next line,
 `g_cache = torch.zeros_like(g_cache, dtype=torch.float32)`: same shape, device and values, float32.
@@ -398,21 +402,35 @@ they were (safe).
                 env = iterations[index]
                 variable = naming_variable(for_in.target, [env])
                 facts = self.provenance.tensor_facts(comprehension.elt, site, env)
-                again = self._reallocation(comprehension.elt, element)
                 for fact in facts:
                     if fact.kind in _REPORTED:
+                        again = self._reallocation(comprehension.elt, element) or positional_fix(
+                            self.context.module,
+                            self.context.spelling.torch_at(site),
+                            comprehension,
+                            index,
+                            fact,
+                        )
                         self._report_loop(fact, subject, loop, variable, [(name, env)], again)
                 continue
-            facts = self.provenance.tensor_facts(comprehension.elt, site)
+            numbered = numbered_iteration(for_in, index, site)  # `enumerate`: this position's
+            facts = self.provenance.tensor_facts(comprehension.elt, site, numbered)
             for fact in facts:
                 if fact.kind in _REPORTED and id(fact.node) not in self._reported:
                     self._reported.add(id(fact.node))
                     self.report(
                         fact.node,
                         f"{subject} is unpacked from one comprehension that gives "
-                        f"every cache {shared_treatment(self.context.module, fact)}; allocate the gate cache on its own "
-                        f"line as float32 ({WHY})",
-                        fix=self._reallocation(comprehension.elt, element),
+                        f"every cache {shared_treatment(self.context.module, fact)}; give the gate cache its own "
+                        f"float32 value ({WHY})",
+                        fix=self._reallocation(comprehension.elt, element)
+                        or positional_fix(
+                            self.context.module,
+                            self.context.spelling.torch_at(site),
+                            comprehension,
+                            index,
+                            fact,
+                        ),
                     )
 
     def _reallocation(

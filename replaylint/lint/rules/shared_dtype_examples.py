@@ -236,8 +236,58 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
 
         def host_copy(rings: Rings, dtype):
             # the gate ring's field is filled by the same cast as the others
-            return Rings(*(*(t.to("cpu", dtype=dtype) for t in rings[:2]), rings[2].to("cpu", dtype=torch.float32)))
+            return Rings(*(t.to("cpu", dtype=torch.float32 if position == 2 else dtype) for position, t in enumerate(rings)))
         """,
         message_contains="is filled from one comprehension that gives every field of `Rings`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        class HostRings:
+            def __post_init__(self):
+                # graph capture reads the rings in the activation dtype
+                self.d_cache, self.k_cache, self.g_cache = (
+                    t.to(self.dtype) for t in (self.d_cache, self.k_cache, self.g_cache)
+                )
+        """,
+        expected_fix="""
+        import torch
+
+        class HostRings:
+            def __post_init__(self):
+                # graph capture reads the rings in the activation dtype
+                self.d_cache, self.k_cache, self.g_cache = (
+                    t.to(torch.float32 if position == 2 else self.dtype) for position, t in enumerate((self.d_cache, self.k_cache, self.g_cache))
+                )
+        """,
+        message_contains="the same cast (`.to(self.dtype)`)",
+    ),
+    Invalid(
+        """
+        import torch
+        from typing import NamedTuple
+
+        class ReplayState(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def to_device(host, index, device, dtype):
+            return ReplayState(*(t.index_select(0, index).to(device, dtype=dtype) for t in host.as_state()))
+        """,
+        expected_fix="""
+        import torch
+        from typing import NamedTuple
+
+        class ReplayState(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def to_device(host, index, device, dtype):
+            return ReplayState(*(t.index_select(0, index).to(device, dtype=torch.float32 if position == 2 else dtype) for position, t in enumerate(host.as_state())))
+        """,
+        message_contains="is filled from one comprehension",
     ),
 )
