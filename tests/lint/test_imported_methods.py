@@ -201,3 +201,48 @@ def build(config: KimiConfig, parent, name, module):
     found = lint_in_project(tmp_path, files, "pkg/user.py")
     # the class constant may be replaced on the instance: not provably anything
     assert [(f.code, f.location.row) for f in found] == [("RL001", 9), ("RL002", 10)]
+
+
+_PARAMS = """
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StateParams:
+    heads: int
+    ring: int
+
+    @property
+    def ring_shapes(self) -> dict:
+        return {
+            "d_cache": (self.heads, self.ring),
+            "k_cache": (self.heads, self.ring),
+            "g_cache": (self.heads, self.ring),
+        }
+
+    @property
+    def conv_shapes(self) -> dict:
+        return {"conv_state": (self.heads, 4)}
+"""
+
+
+@pytest.mark.parametrize(("shapes", "reported"), [("ring_shapes", True), ("conv_shapes", False)])
+def test_the_keys_of_a_property_another_module_defines_are_the_cache_names(
+    tmp_path: Path, shapes: str, reported: bool
+) -> None:
+    pool = (
+        "import torch\n\nfrom .params import StateParams\n\n\n"
+        "def allocate(params: StateParams, dtype):\n"
+        f"    shapes = params.{shapes}\n"
+        "    rings = {}\n"
+        "    for name, shape in shapes.items():\n"
+        "        rings[name] = torch.zeros(shape, dtype=dtype)\n"
+        "    return rings\n"
+    )
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        "pkg/__init__.py": "",
+        "pkg/params.py": _PARAMS,
+    }
+    write_tree(tmp_path, {**files, "pkg/pool.py": pool})
+    assert cli_rows(tmp_path, "--no-cache") == ([("pkg/pool.py", 10, "RL006")] if reported else [])

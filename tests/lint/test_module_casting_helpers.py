@@ -183,9 +183,10 @@ def test_a_run_over_the_tree_analyses_the_file_that_calls_the_helper(
     ]
 
 
-def test_a_gate_dtype_a_function_of_another_module_returns_is_judged_there(
+def test_a_gate_dtype_a_policy_of_another_module_returns_is_judged_where_it_is_passed(
     tmp_path: Path,
 ) -> None:
+    # `ring_dtype` is no setting of the gate dtype itself: the keyword that passes it for one is
     policy = "import torch\n\n\ndef ring_dtype(mode):\n    return torch.bfloat16\n"
     user = (
         "import torch\n\nfrom .policy import ring_dtype\n\n\n"
@@ -195,4 +196,24 @@ def test_a_gate_dtype_a_function_of_another_module_returns_is_judged_there(
     )
     files = {"pkg/__init__.py": "", "pkg/policy.py": policy, "pkg/user.py": user}
     found = lint_in_project(tmp_path, files, "pkg/user.py")
-    assert [(f.location.row, f.code) for f in found] == [(8, "RL001")]
+    assert [(f.location.row, f.code) for f in found] == [(7, "RL001"), (8, "RL001")]
+    assert "(from `ring_dtype` at " in found[0].message
+    assert "pkg/policy.py:4)" in found[0].message
+
+
+def test_a_gate_dtype_a_function_named_for_it_returns_is_judged_at_its_return(
+    tmp_path: Path,
+) -> None:
+    policy = "import torch\n\n\ndef log_decay_dtype(mode):\n    return torch.bfloat16\n"
+    user = (
+        "from .policy import log_decay_dtype\n\n\n"
+        "def run(generate, mode):\n"
+        "    generate(gate_dtype=log_decay_dtype(mode))\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/policy.py": policy, "pkg/user.py": user}
+    assert lint_in_project(tmp_path, files, "pkg/user.py") == []
+    found = lint_in_project(tmp_path, files, "pkg/policy.py")
+    assert [(f.location.row, f.code) for f in found] == [(5, "RL001")]
+    assert "`log_decay_dtype`, named for the gate cache's dtype, returns torch.bfloat16" in (
+        found[0].message
+    )

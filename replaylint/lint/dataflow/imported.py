@@ -144,8 +144,32 @@ class Evaluation:
         if kind == "call":
             return self.call_dtypes(value, context)
         if kind == "either":  # one of the values a function may return: each must be known
-            return [fact for branch in value[1] for fact in self.dtypes(branch, context)]
+            branches = self.possible(value, context)
+            return [fact for branch in branches for fact in self.dtypes(branch, context)]
         raise Unknown
+
+    def possible(self, either: Value, context: Context) -> list[Value]:
+        """The branches of ``either`` that may be returned: a return guarded by a test on a
+        string parameter (``if ring == "state": return torch.float32``) that the call decides
+        false is not."""
+        if len(either) < 4:
+            return list(either[1])
+        kept = [
+            branch
+            for branch, alternatives in zip(either[1], either[3], strict=True)
+            if any(all(self.may_hold(c, context) for c in guard) for guard in alternatives)
+        ]
+        return kept or list(either[1])
+
+    def may_hold(self, condition: list[Any], context: Context) -> bool:
+        """Whether ``["param_is", name, strings, holds]`` may hold for the arguments bound."""
+        if condition[0] != "param_is" or str(condition[1]) not in context.params:
+            return True
+        try:
+            passed = self.string(["param", condition[1]], context)
+        except Unknown:
+            return True
+        return (passed in condition[2]) is bool(condition[3])
 
     def target_dtypes(self, target: Target | There | Here, context: Context) -> list[DtypeFact]:
         if isinstance(target, Here):
@@ -274,12 +298,16 @@ class Evaluation:
     def item(self, table: Value, key: Value, context: Context) -> Value:
         """``TABLE[key]`` with a literal table and a key known statically; of a function that
         returns one of several tuples, the entry of each (``["either", ...]``)."""
-        wanted = self.string(key, context)
         returned = self._returned(table, context)
         if returned is not None and returned[0][0] == "either":
+            wanted = self.string(key, context)
             value, inner = returned
             return ["either", [self.item(branch, ["const", wanted], inner) for branch in value[1]]]
         entries = self.table(table, context)
+        if entries and any(k is None for k, _ in entries):
+            # `PRECISION_TO_DTYPE[...]` keyed by enum members: one of its values, whatever the key
+            return ["either", [_bound(v, context) for _, v in entries], False]
+        wanted = self.string(key, context)
         for entry_key, entry_value in entries:
             if entry_key == wanted:
                 return _bound(entry_value, context)
@@ -304,11 +332,15 @@ class Evaluation:
             return [[k, There(v, context)] for k, v in value[1]]
         if kind == "tuple":
             return [[i, There(v, context)] for i, v in enumerate(value[1])]
+        if kind == "values":  # keys that are not read: the values alone, under no key
+            return [[None, There(v, context)] for v in value[1]]
         if kind == "item":  # `SPECS["g_cache"][1]`: an entry of an entry
             return self.table(self.item(value[1], value[2], context), context)
         returned = self._returned(value, context)
         if returned is not None:  # `ring_dtype, gate_dtype = ring_dtypes(...)`
             return self.table(*returned)
+        if kind == "attr" and value[1][0] in {"call", "__instance__", "__bound__"}:
+            return self.property_table(value, context)  # `params.ring_shapes`
         target = self.target(value, context)
         if isinstance(target, Found) and target.definition[0] == "value":
             inner = Context(target.module, origins=target.origins)
@@ -316,6 +348,19 @@ class Evaluation:
         if isinstance(target, There) and target.value is not value:
             return self.table(target.value, target.context)
         raise Unknown
+
+    def property_table(self, value: Value, context: Context) -> list[Any]:
+        """The entries of what a property of a project class returns, read on an instance
+        (``params.ring_shapes`` of ``params: StateParams``)."""
+        base = value[1][1] if value[1][0] == "__bound__" else value[1]
+        found = self.target(base[1], context)
+        if not (isinstance(found, Found) and found.definition[0] == "class"):
+            raise Unknown
+        member = found.definition[2].get(str(value[2]))
+        if member is None or member[0] != "property":
+            raise Unknown
+        inner = Context(found.module, instance=Instance(found, False), origins=found.origins)
+        return self.table(member[2], inner)
 
     def string(self, value: Value, context: Context) -> str | int:
         self.step()

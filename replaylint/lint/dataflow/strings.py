@@ -359,6 +359,8 @@ def _literal_items(
             if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
                 return _project_items(prov, mapping, site, method)
             mapping, mapping_site = returned
+        if isinstance(mapping, cst.Attribute):  # `params.ring_shapes`: a project property's
+            return _project_items(prov, mapping, mapping_site, method)
         if isinstance(mapping, cst.DictComp):
             return _comprehended_items(prov, mapping, mapping_site, method, depth)
         if not isinstance(mapping, cst.Dict):
@@ -385,7 +387,7 @@ def _project_strings(
 
 
 def _project_items(
-    prov: Provenance, mapping: cst.Call, site: Site, method: str
+    prov: Provenance, mapping: cst.Call | cst.Attribute, site: Site, method: str
 ) -> list[tuple[cst.BaseExpression, Site]] | None:
     """The keys (values, items) of a dict a function or method of another module returns: a
     value is the call's entry (``mapping["g_cache"]``), as written here."""

@@ -9,10 +9,13 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["const", x]`` a Python literal; ``["name", n]`` a top-level name of the same module;
 ``["ref", module, n]`` a name imported from ``module`` (relative modules keep their dots);
 ``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
-``["table", [[key, v], ...]]`` a dict with literal keys; ``["tuple", [v, ...]]``;
+``["table", [[key, v], ...]]`` a dict with literal keys; ``["values", [v, ...]]`` a dict with
+other keys (enum members, names), of which only the values are kept; ``["tuple", [v, ...]]``;
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
 ``["either", [v, ...], dtype_test]`` one of several values (a conditional expression, or the
-``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype);
+``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype), with,
+for a function whose returns test its string parameters, a fourth element: per value, the
+guards of the returns that give it (:mod:`.return_guards`);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["per_key", mapping, v]`` a dict
 comprehension with one value per key of ``mapping`` (``{name: torch.zeros(shape, dtype=dtype) for
 name, shape in shapes.items()}``), where ``v`` reads the key as ``["loop", "key"]`` and the entry
@@ -41,6 +44,7 @@ from replaylint.lint.project.module_facts import (
 from replaylint.lint.project.namespace_writes import imports_module, is_instance, may_be_module
 from replaylint.lint.project.raw_reads import raw_reads
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
+from replaylint.lint.project.return_guards import return_guards
 from replaylint.lint.project.widening import widened_parameters
 from replaylint.lint.project.zipped_mappings import zipped_values
 
@@ -325,14 +329,22 @@ class _Summariser:
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
         for name in stored:
             locals_[name] = UNKNOWN
+        guards = return_guards(function.body, {str(p[0]) for p in params}, stored)
         values: list[Value] = []
+        alternatives: list[list[Any]] = []  # per value: the guards of the returns that give it
         for node in sorted(returns, key=lambda r: (r.lineno, r.col_offset)):
             value = (
                 ["const", None] if node.value is None else _Values(self, locals_).value(node.value)
             )
             if value not in values:
                 values.append(value)
-        return values[0] if len(values) == 1 else ["either", values, False]
+                alternatives.append([])
+            alternatives[values.index(value)].append(guards.get(id(node), []))
+        if len(values) == 1:
+            return values[0]
+        if all(not guard for alternative in alternatives for guard in alternative):
+            return ["either", values, False]
+        return ["either", values, False, alternatives]
 
     def _class(self, cls: ast.ClassDef) -> Definition:
         members: dict[str, list[Any]] = {}
@@ -496,12 +508,13 @@ class _Values:
         if isinstance(node, ast.Subscript):
             return ["item", self.value(node.value), self.value(node.slice)]
         if isinstance(node, ast.Dict):
-            entries: list[Any] = []
-            for key, item in zip(node.keys, node.values, strict=True):
-                if not (isinstance(key, ast.Constant) and isinstance(key.value, (str, int))):
-                    return UNKNOWN  # a `**spread` or a computed key: not a table we read
-                entries.append([key.value, self.value(item)])
-            return ["table", entries]
+            if any(key is None for key in node.keys):
+                return UNKNOWN  # a `**spread`: not a table we read
+            keys = [k.value if isinstance(k, ast.Constant) else None for k in node.keys]
+            if not all(isinstance(key, (str, int)) for key in keys):
+                # `{Precision.FP32: torch.float32, ...}`: which key is which is not read
+                return ["values", [self.value(item) for item in node.values]]
+            return ["table", [[k, self.value(v)] for k, v in zip(keys, node.values, strict=True)]]
         if isinstance(node, (ast.Tuple, ast.List)):
             if any(isinstance(e, ast.Starred) for e in node.elts):
                 return UNKNOWN

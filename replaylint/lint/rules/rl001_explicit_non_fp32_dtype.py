@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.dtype_tables import gate_dtype_name, named_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
@@ -13,7 +12,12 @@ from replaylint.lint.rules.config_settings import (
     CONFIG_INVALID,
     CONFIG_VALID,
     report_config_entries,
-    report_string_setting,
+)
+from replaylint.lint.rules.gate_dtype_settings import (
+    SETTING_INVALID,
+    SETTING_VALID,
+    report_returned_setting,
+    report_setting,
 )
 from replaylint.lint.rules.record_tables import (
     RECORD_INVALID,
@@ -115,6 +119,7 @@ checked.
     VALID = (
         *RECORD_VALID,
         *CONFIG_VALID,
+        *SETTING_VALID,
         Valid(
             """
             import torch
@@ -518,6 +523,7 @@ checked.
         ),
         *RECORD_INVALID,
         *CONFIG_INVALID,
+        *SETTING_INVALID,
     )
 
     # ---------------------------------------------- a dtype named for the gate cache
@@ -535,6 +541,9 @@ checked.
     def visit_Arg(self, node: cst.Arg) -> None:
         self._gate_dtype(node.keyword, node.value)
 
+    def visit_Return(self, node: cst.Return) -> None:
+        report_returned_setting(self, node)
+
     def visit_Dict(self, node: cst.Dict) -> None:
         if not self._dict_depth:  # a config literal: its nested literals are read with it
             report_config_entries(self, node)
@@ -548,25 +557,7 @@ checked.
         report_zipped_entries(self, node, Kind.EXPLICIT)
 
     def _gate_dtype(self, target: cst.CSTNode | None, value: cst.BaseExpression | None) -> None:
-        site = self.site()
-        name = gate_dtype_name(self.provenance, target, site) if value is not None else None
-        if name is not None and isinstance(value, cst.SimpleString):
-            report_string_setting(self, name, value)  # `gate_dtype="bf16"`
-            return
-        found = named_gate_dtype(self.provenance, target, value, site)
-        if found is None or value is None:
-            return
-        name, narrower = found
-        if isinstance(value, cst.Call) and all(
-            f.origin for f in self.provenance.dtype_facts(value, site) if not f.is_float32
-        ):
-            return  # what a function of another module returns: judged where it is decided
-        fix = self.setting_fix(value, site)
-        self.report(
-            value,
-            f"`{name}`, named for the gate cache's dtype, is set to {literal_names(narrower)}; {WHY}",
-            fix=fix,
-        )
+        report_setting(self, target, value)
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         for fact in self.facts(binding):

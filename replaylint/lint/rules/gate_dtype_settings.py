@@ -1,0 +1,128 @@
+"""Settings named for the gate cache's dtype, for RL001: a keyword, default, assignment or a
+function's ``return`` (``gate_dtype=...``, ``def log_decay_dtype(mode): return ...``) that sets
+it to a dtype narrower than float32; each branch of a conditional on its own. A value that is
+another such setting (``gate_dtype=gate_dtype``, ``log_decay_dtype(mode)``) is judged where
+that one is set. With RL001's examples of them."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from replaylint.lint.dataflow.dtype_tables import gate_dtype_name, narrower_literals
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.config_settings import report_string_setting
+from replaylint.lint.rules.wording import WHY, literal_names
+from replaylint.lint.syntax.sites import Site
+
+__all__ = ["SETTING_INVALID", "SETTING_VALID", "report_returned_setting", "report_setting"]
+
+
+def report_setting(
+    rule: Rule, target: cst.CSTNode | None, value: cst.BaseExpression | None
+) -> None:
+    """``target = value`` (an assignment, a keyword, a default), when ``target`` is named for
+    the gate cache's dtype."""
+    site = rule.site()
+    name = gate_dtype_name(rule.provenance, target, site) if value is not None else None
+    if name is not None and value is not None:
+        _setting(rule, name, value, site, "is set to")
+
+
+def report_returned_setting(rule: Rule, node: cst.Return) -> None:
+    """A ``return`` of a function named for the gate cache's dtype: what it returns is judged
+    like an assigned value."""
+    scope = rule.site().scope
+    if node.value is not None and isinstance(scope, cst.FunctionDef):
+        name = scope.name.value
+        if rule.context.gate_caches.names_gate_dtype(name):
+            _setting(rule, name, node.value, rule.site(), "returns")
+
+
+def _setting(rule: Rule, name: str, value: cst.BaseExpression, site: Site, verb: str) -> None:
+    if isinstance(value, cst.SimpleString):
+        report_string_setting(rule, name, value)  # `gate_dtype="bf16"`
+        return
+    if isinstance(value, cst.IfExp):
+        _setting(rule, name, value.body, site, verb)
+        _setting(rule, name, value.orelse, site, verb)
+        return
+    if isinstance(value, cst.Name) and gate_dtype_name(rule.provenance, value, site):
+        return  # `gate_dtype=gate_dtype`: judged where that name is set
+    if _calls_a_setting(rule, value):
+        return  # `gate_dtype=log_decay_dtype(mode)`: judged at that function's returns
+    narrower = narrower_literals(rule.provenance, value, site)
+    if narrower is None:
+        return
+    facts = rule.provenance.dtype_facts(value, site)
+    origins = sorted({f.origin for f in facts if not f.is_float32 and f.origin})
+    whence = f" ({'; '.join(origins)})" if isinstance(value, cst.Call) and origins else ""
+    rule.report(
+        value,
+        f"`{name}`, named for the gate cache's dtype, {verb} {literal_names(narrower)}"
+        f"{whence}; {WHY}",
+        fix=rule.setting_fix(value, site),
+    )
+
+
+def _calls_a_setting(rule: Rule, value: cst.BaseExpression) -> bool:
+    """Whether ``value`` calls a function named for the gate cache's dtype."""
+    if not isinstance(value, cst.Call):
+        return False
+    func = value.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+    return isinstance(name, str) and rule.context.gate_caches.names_gate_dtype(name)
+
+
+SETTING_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+
+        def log_decay_dtype(mode):
+            # every quantization mode keeps the log-decays in float32
+            return torch.float32
+
+        def build(cache_cls, mode, given=None):
+            gate_dtype = given if given is not None else log_decay_dtype(mode)
+            return cache_cls(gate_dtype=gate_dtype)
+        """
+    ),
+)
+SETTING_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        def log_decay_dtype(mode):
+            if mode in ("int4", "int4-gptq"):
+                return torch.bfloat16  # the int4 path runs bf16 end to end
+            return torch.float32
+        """,
+        expected_fix="""
+        import torch
+
+        def log_decay_dtype(mode):
+            if mode in ("int4", "int4-gptq"):
+                return torch.float32  # the int4 path runs bf16 end to end
+            return torch.float32
+        """,
+        message_contains="`log_decay_dtype`, named for the gate cache's dtype, returns torch.bfloat16",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def build(cache_cls, given=None):
+            gate_dtype = given.gate if given is not None else torch.float16
+            return cache_cls(gate_dtype=gate_dtype)
+        """,
+        expected_fix="""
+        import torch
+
+        def build(cache_cls, given=None):
+            gate_dtype = given.gate if given is not None else torch.float32
+            return cache_cls(gate_dtype=gate_dtype)
+        """,
+        message_contains="`gate_dtype`, named for the gate cache's dtype, is set to torch.float16",
+    ),
+)

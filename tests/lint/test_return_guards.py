@@ -1,0 +1,177 @@
+"""Dtype policies of another module that branch on the ring they are asked about: a call that
+passes the ring's name gets only the returns its tests allow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from project_support import fix_in_project, lint_in_project
+
+from replaylint.lint.project.return_guards import return_guards
+
+_POLICY = """
+import torch
+
+
+def ring_storage_dtype(precision, ring):
+    if ring not in ("state", "delta", "key", "gate"):
+        raise ValueError(ring)
+    if ring == "state":
+        return torch.float32
+    return torch.bfloat16
+
+
+def part_dtype(ring):
+    if ring in ("gate", "state"):
+        return torch.float32
+    return torch.bfloat16
+"""
+
+
+def _findings(tmp_path: Path, body: str) -> list[tuple[int, str, str]]:
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _POLICY, "pkg/pool.py": body}
+    return [
+        (f.location.row, f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/pool.py")
+    ]
+
+
+_HEADER = "import torch\n\nfrom .policy import part_dtype, ring_storage_dtype\n\n\n"
+
+
+def test_the_return_the_ring_name_reaches_is_the_one_judged(tmp_path: Path) -> None:
+    body = _HEADER + (
+        "def make(shape, precision):\n"
+        '    d_cache = torch.zeros(shape, dtype=ring_storage_dtype(precision, "delta"))\n'
+        '    g_cache = torch.zeros(shape, dtype=ring_storage_dtype(precision, "gate"))\n'
+        "    return d_cache, g_cache\n"
+    )
+    found = _findings(tmp_path, body)
+    assert [(row, code) for row, code, _ in found] == [(8, "RL001")]
+    assert "torch.bfloat16" in found[0][2]
+    assert "ring_storage_dtype" in found[0][2]
+
+
+def test_a_policy_that_keeps_the_gate_ring_float32_is_no_finding(tmp_path: Path) -> None:
+    body = _HEADER + (
+        "def make(shape):\n"
+        '    d_cache = torch.zeros(shape, dtype=part_dtype("delta"))\n'
+        '    g_cache = torch.zeros(shape, dtype=part_dtype("gate"))\n'
+        "    return d_cache, g_cache\n"
+    )
+    assert _findings(tmp_path, body) == []
+
+
+def test_a_ring_name_not_known_here_keeps_every_return(tmp_path: Path) -> None:
+    body = _HEADER + (
+        "def make(shape, ring):\n"
+        "    g_cache = torch.zeros(shape, dtype=part_dtype(ring))\n"
+        "    return g_cache\n"
+    )
+    found = _findings(tmp_path, body)
+    assert [code for _, code, _ in found] == ["RL001"]
+    assert "torch.bfloat16" in found[0][2]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        'gate_dtype = ring_storage_dtype(precision, "gate")',
+        'gate_dtype = given.gate if given is not None else ring_storage_dtype(precision, "gate")',
+    ],
+)
+def test_a_setting_named_for_the_gate_dtype_is_judged_per_branch(
+    tmp_path: Path, setting: str
+) -> None:
+    body = _HEADER + (
+        "def configure(shape, precision, given=None):\n"
+        f"    {setting}\n"
+        "    return Pool(shape, gate_dtype=gate_dtype)\n"
+    )
+    found = _findings(tmp_path, body)
+    assert [(row, code) for row, code, _ in found] == [(7, "RL001")]
+    assert "`gate_dtype`, named for the gate cache's dtype" in found[0][2]
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _POLICY, "pkg/pool.py": body}
+    fixed = fix_in_project(tmp_path, files, "pkg/pool.py")
+    assert 'ring_storage_dtype(precision, "gate")' not in fixed
+    assert "torch.float32" in fixed
+    assert "given.gate" in fixed or "given" not in setting
+
+
+def test_guards_are_read_from_ifs_that_return_and_from_else_branches() -> None:
+    function = ast.parse(
+        "def f(ring, n):\n"
+        '    if ring == "state":\n'
+        "        return 1\n"
+        "    elif ring not in ('gate',):\n"
+        "        return 2\n"
+        "    if n > 3:\n"
+        "        return 3\n"
+        "    return 4\n"
+    ).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    guards = return_guards(function.body, {"ring", "n"}, set())
+    by_value = {
+        node.value.value: guards[id(node)]  # type: ignore[union-attr]
+        for node in ast.walk(function)
+        if isinstance(node, ast.Return)
+    }
+    assert by_value[1] == [["param_is", "ring", ["state"], True]]
+    assert by_value[2] == [
+        ["param_is", "ring", ["state"], False],
+        ["param_is", "ring", ["gate"], False],
+    ]
+    # `n > 3` is no string test: the return stays possible whatever it says
+    assert by_value[3] == [
+        ["param_is", "ring", ["state"], False],
+        ["param_is", "ring", ["gate"], True],
+    ]
+    assert by_value[4] == by_value[3]
+    # a parameter the body rebinds is not tested
+    assert return_guards(function.body, {"ring"}, {"ring"}) == {
+        id(node): [] for node in ast.walk(function) if isinstance(node, ast.Return)
+    }
+
+
+_ENUM_POLICY = """
+import enum
+
+import torch
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"
+    BF16 = "amp_bf16"
+
+
+PRECISION_TO_DTYPE = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
+ALL_FP32 = {Precision.FP32: torch.float32, Precision.BF16: torch.float32}
+
+
+def model_dtype(precision):
+    return PRECISION_TO_DTYPE[Precision(precision)]
+
+
+def kept_dtype(precision):
+    return ALL_FP32[Precision(precision)]
+"""
+
+
+@pytest.mark.parametrize(("policy", "reported"), [("model_dtype", True), ("kept_dtype", False)])
+def test_a_table_keyed_by_enum_members_may_give_any_of_its_values(
+    tmp_path: Path, policy: str, reported: bool
+) -> None:
+    body = (
+        "import torch\n\nfrom .policy import kept_dtype, model_dtype\n\n\n"
+        "def make(shape, precision):\n"
+        f"    g_cache = torch.zeros(shape, dtype={policy}(precision))\n"
+        "    return g_cache\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _ENUM_POLICY, "pkg/pool.py": body}
+    found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
+    if reported:
+        assert [code for code, _ in found] == ["RL001"]
+        assert "torch.bfloat16" in found[0][1]
+    else:
+        assert found == []
