@@ -191,3 +191,23 @@ def other(dtype):
     findings = Linter().check(source)
     assert [(f.code, f.location.row) for f in findings] == [("RL006", 10)]
     assert "`_alloc` (line 5)" in findings[0].message
+
+
+def test_the_split_fix_makes_only_the_gate_entry_again_in_float32() -> None:
+    torch = pytest.importorskip("torch")
+    source = (
+        "import torch\n\n"
+        "def alloc_rings(shapes, dtype):\n"
+        "    return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}\n\n"
+        "def pool(dtype):\n"
+        '    shapes = {"d_cache": (2,), "g_cache": (2,), "k_cache": (2,)}\n'
+        "    return alloc_rings(shapes, dtype)\n"
+    )
+    fixed = Linter().fix(source, unsafe=True).source
+    assert '**alloc_rings({"g_cache": shapes["g_cache"]}, torch.float32)' in fixed
+    assert [f.code for f in Linter().check(fixed)] == []
+    namespace: dict[str, object] = {}
+    exec(compile(fixed, "<fixed>", "exec"), namespace)
+    rings = namespace["pool"](torch.bfloat16)  # type: ignore[operator]
+    assert list(rings) == ["d_cache", "g_cache", "k_cache"]  # every key in its place
+    assert [t.dtype for t in rings.values()] == [torch.bfloat16, torch.float32, torch.bfloat16]

@@ -454,6 +454,21 @@ class Restoring(KimiModel):
             layer.self_attn.replay_d_cache = layer.self_attn.replay_d_cache.float()
         return self
 
+    _kept_in_fp32 = ("replay_g_cache",)
+    _kept_deltas = ("replay_d_cache",)
+
+    def keep_listed(self):
+        for layer in self.layers:
+            for name in self._kept_in_fp32:
+                setattr(layer.self_attn, name, getattr(layer.self_attn, name).to(torch.float32))
+        return self
+
+    def keep_deltas(self):
+        for layer in self.layers:
+            for name in self._kept_deltas:
+                setattr(layer.self_attn, name, getattr(layer.self_attn, name).to(torch.float32))
+        return self
+
 
 """
 _LOOP = "for layer in {over}.layers:\n    layer.self_attn.replay_g_cache = layer.self_attn.replay_g_cache.float()"
@@ -465,6 +480,9 @@ _LOOP = "for layer in {over}.layers:\n    layer.self_attn.replay_g_cache = layer
         # a method of the module's classes called on the cast's result puts the buffer back
         ("Restoring(config).half().put_gates_back()", False),
         ("Restoring(config).half().put_deltas_back()", True),
+        # `setattr` over the names a class constant lists
+        ("Restoring(config).half().keep_listed()", False),
+        ("Restoring(config).half().keep_deltas()", True),
         # a loop over the cast model, later in the scope
         ("model = KimiModel(config)\nmodel.half()\n" + _LOOP.format(over="model"), False),
         ("model = KimiModel(config).half()\n" + _LOOP.format(over="model"), False),

@@ -6,7 +6,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from replaylint.lint.engine import Linter
 
@@ -72,6 +71,7 @@ def test_a_filtered_comprehension_gets_no_positional_fix() -> None:
 
 
 def test_the_fixed_code_casts_only_the_gate_ring() -> None:
+    torch = pytest.importorskip("torch")
     namespace: dict[str, object] = {}
     exec(
         compile(

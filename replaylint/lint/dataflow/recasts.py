@@ -19,7 +19,13 @@ from replaylint.lint.dataflow.imported import MALFORMED
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.project.index import Found
-from replaylint.lint.syntax.nodes import binding_name, dotted_name
+from replaylint.lint.syntax.nodes import (
+    binding_name,
+    class_body_values,
+    dotted_name,
+    literal_string,
+    self_attribute,
+)
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -91,7 +97,7 @@ def _chained_restores(prov: Provenance, call: cst.Call, site: Site) -> set[str]:
                 body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
                 for member in body:
                     if isinstance(member, cst.FunctionDef) and member.name.value == name:
-                        found |= _restored_by(member)
+                        found |= _restored_by(member, cls)
     return found
 
 
@@ -219,7 +225,7 @@ def _local_function(
     return None
 
 
-def _restored_by(function: cst.FunctionDef) -> set[str]:
+def _restored_by(function: cst.FunctionDef, owner: cst.ClassDef | None = None) -> set[str]:
     found: set[str] = set()
     for node in descendants(function.body):
         if isinstance(node, cst.Assign) and _makes_float32(node.value):
@@ -228,7 +234,41 @@ def _restored_by(function: cst.FunctionDef) -> set[str]:
             )
             if any(_into_buffers(t.target) for t in node.targets):
                 found.add(LISTED)  # `module._buffers[name] = buffer.float()`
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value == "setattr"
+            and len(node.args) == 3
+            and _makes_float32(node.args[2].value)
+        ):  # `setattr(module, name, getattr(module, name).to(torch.float32))`
+            found.update(_set_names(function, node.args[1].value, owner))
     return found
+
+
+def _set_names(
+    function: cst.FunctionDef, name: cst.BaseExpression, owner: cst.ClassDef | None
+) -> list[str]:
+    """The attribute names a ``setattr`` writes: a string, or a loop variable over a literal
+    tuple of strings or a class constant (``for name in self._keep_in_fp32_buffers``)."""
+    if isinstance(name, cst.SimpleString):
+        text = literal_string(name)
+        return [text] if text is not None else []
+    if not isinstance(name, cst.Name):
+        return []
+    for node in descendants(function.body):
+        if not (isinstance(node, cst.For) and isinstance(node.target, cst.Name)):
+            continue
+        if node.target.value != name.value:
+            continue
+        source: cst.BaseExpression = node.iter
+        if self_attribute(source) and owner is not None:
+            assert isinstance(source, cst.Attribute)
+            constants = class_body_values(owner, source.attr.value)
+            source = constants[0] if len(constants) == 1 else source
+        if isinstance(source, (cst.Tuple, cst.List)):
+            texts = [literal_string(e.value) for e in source.elements]
+            return [t for t in texts if t is not None]
+    return []
 
 
 def _into_buffers(target: cst.BaseExpression) -> bool:

@@ -1,8 +1,9 @@
 """RL006's per-key helpers: a call of a helper that allocates every entry of the mapping it is
 given in one dtype, with a mapping whose keys name the gate cache.
 
-The helper may serve callers whose mappings hold no gate cache, so neither it nor the call is
-rewritten: the finding says to allocate the gate cache on its own.
+The helper may serve callers whose mappings hold no gate cache, so it is not rewritten; where
+the call passes the dtype, the unsafe fix spreads a second call of the helper that makes the gate
+entry again in float32 (:mod:`replaylint.lint.fixes.keyed_split`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.keyed_allocations import keyed_allocation, known_keys
 from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.fixes.keyed_split import keyed_split_fix, split_for_gate
 from replaylint.lint.rules.shared_helpers import HelperFinding
 from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
 from replaylint.lint.syntax.nodes import one_line
@@ -24,6 +26,8 @@ def keyed_helper_finding(
     """What to report for ``call``, when it is such a call."""
     if not any(_gate_keys(context, prov, arg.value, site) for arg in call.args if not arg.star):
         return None  # first the cheap question, which almost every call answers no
+    if split_for_gate(site.statement, call):
+        return None  # `{**alloc(shapes, dtype), **alloc({"g_cache": ...}, torch.float32)}`
     found = keyed_allocation(prov, call, site)
     if found is None:
         return None
@@ -49,7 +53,11 @@ def keyed_helper_finding(
         f"{subject}{others} is allocated by `{helper}` ({where}), which gives every entry of "
         f"`{one_line(module, found.mapping)}` {dtype}, not provably float32; allocate the gate "
         f"cache on its own as float32 ({WHY})",
-        None,
+        None
+        if found.passed is None
+        else keyed_split_fix(
+            module, context.spelling.torch_at(site), call, found.mapping, found.passed, gates
+        ),
     )
 
 

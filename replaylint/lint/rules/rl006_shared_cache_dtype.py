@@ -109,10 +109,13 @@ only the allocation the helper returns. A comprehension whose elements are taken
 (unpacked into `d, k, g = ...`, or spread into a record's fields) gets its loop numbered:
 `(t.to(torch.float32 if position == 2 else dtype) for position, t in enumerate(rings))`, the
 iterable read once as before. The fix is **safe**: every other cache keeps exactly the
-dtype expression it had, and only the gate cache changes, to float32. Otherwise — a call
-of a per-key helper (which other callers may use for caches that are not gate caches), a cast
-with arguments in a loop, a helper that also uses its dtype for other work — the finding says
-what to change and has no fix, with one exception: a gate cache
+dtype expression it had, and only the gate cache changes, to float32. A call of a per-key
+helper (which other callers may use for caches that are not gate caches, so it is left as it
+is) that passes the dtype spreads a second call that makes the gate entry again:
+`{**alloc_rings(shapes, dtype), **alloc_rings({"g_cache": shapes["g_cache"]}, torch.float32)}`,
+every key in its place (**unsafe**: the gate ring is allocated twice for a moment). Otherwise —
+a cast with arguments in a loop, a helper that also uses its dtype for other work — the finding
+says what to change and has no fix, with one exception: a gate cache
 unpacked from a comprehension of fresh `torch.zeros`/`ones`/`empty` (only `size`, `dtype` and
 `device` given) is made again on the next line,
 `g_cache = torch.zeros_like(g_cache, dtype=torch.float32)`: same shape, device and values, float32.

@@ -195,6 +195,48 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
         def host_rings(shapes, g_shape, dtype):
             return alloc_rings({**shapes, "g_cache": g_shape}, dtype)
         """,
+        expected_fix="""
+        import torch
+
+        def alloc_rings(shapes, dtype):
+            return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
+
+        def host_rings(shapes, g_shape, dtype):
+            return {**alloc_rings({**shapes, "g_cache": g_shape}, dtype), **alloc_rings({"g_cache": g_shape}, torch.float32)}
+        """,
+        message_contains="which gives every entry of",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def alloc_rings(shapes, dtype, device):
+            return {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+
+        class Engine:
+            def __init__(self, n):
+                self.shapes = {"d_cache": (n, 4), "k_cache": (n, 4), "g_cache": (n, 4)}
+
+            def allocate(self, dtype, device=None):
+                # every ring of `self.shapes`, the gate ring's among them, in one dtype
+                for name, ring in alloc_rings(self.shapes, dtype, device).items():
+                    setattr(self, name, ring)
+        """,
+        expected_fix="""
+        import torch
+
+        def alloc_rings(shapes, dtype, device):
+            return {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+
+        class Engine:
+            def __init__(self, n):
+                self.shapes = {"d_cache": (n, 4), "k_cache": (n, 4), "g_cache": (n, 4)}
+
+            def allocate(self, dtype, device=None):
+                # every ring of `self.shapes`, the gate ring's among them, in one dtype
+                for name, ring in {**alloc_rings(self.shapes, dtype, device), **alloc_rings({"g_cache": self.shapes["g_cache"]}, torch.float32, device)}.items():
+                    setattr(self, name, ring)
+        """,
         message_contains="which gives every entry of",
     ),
     Invalid(
