@@ -54,6 +54,7 @@ GATE_NAMES: tuple[str, ...] = (
     "Replayssm_G",
     "gate_ring",
     "draft_gate_ring",
+    "padding_replayssm_g",
 )
 assert all(pattern.lstrip("*_") in {"g_cache", "gate_cache", "gate_ring", "replayssm_g"}
            for pattern in DEFAULT_GATE_CACHE_PATTERNS)  # fmt: skip

@@ -402,3 +402,13 @@ def test_other_accessors_teach_nothing(accessor: str) -> None:
     assert (
         learn_gate_cache_names([("cache.py", text)], DEFAULT_ENTRY_POINTS, GateCacheNames()) == {}
     )
+
+
+def test_every_default_name_has_its_qualified_form() -> None:
+    # `padding_replayssm_g` beside `replayssm_g`, as `draft_gate_ring` beside `gate_ring`
+    names = GateCacheNames()
+    assert all(
+        names.matches(f"padding_{base}")
+        for base in ("g_cache", "gate_cache", "gate_ring", "replayssm_g")
+    )
+    assert not any(names.matches(n) for n in ("replayssm_gate_bias", "padding_replayssm_d"))

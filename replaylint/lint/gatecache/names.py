@@ -29,6 +29,7 @@ DEFAULT_GATE_CACHE_PATTERNS: tuple[str, ...] = (
     "*_g_cache",
     "*_gate_cache",
     "*_gate_ring",
+    "*_replayssm_g",
 )
 
 
