@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from project_support import fix_in_project, lint_in_project
+from project_support import cli_rows, fix_in_project, lint_in_project, write_tree
+
+from replaylint.lint.run.record_classes import record_class_names
 
 _PRECISION = """
 from dataclasses import dataclass
@@ -91,3 +93,40 @@ def test_a_receiver_of_two_classes_stays_unknown(tmp_path: Path) -> None:
         (f.location.row, f.code) for f in lint_in_project(tmp_path, _files(pool), "pkg/pool.py")
     ]
     assert (11, "RL002") in rows
+
+
+def test_a_run_over_the_tree_finds_the_construction_of_an_imported_record(
+    tmp_path: Path,
+) -> None:
+    # the run lists the classes of files that mention a record first, and resolves only those
+    user = (
+        "import torch\n\nfrom .precision import RingDtypes\n\n\n"
+        "def pool(shape):\n"
+        "    dtypes = RingDtypes(delta=torch.bfloat16, key=torch.bfloat16, gate=torch.float16)\n"
+        "    g_cache = torch.zeros(shape, dtype=dtypes.gate)\n"
+        "    return g_cache\n"
+    )
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        "pkg/__init__.py": "",
+        "pkg/precision.py": _PRECISION,
+        "pkg/user.py": user,
+    }
+    write_tree(tmp_path, files)
+    assert ("pkg/user.py", 7, "RL001") in cli_rows(tmp_path, "--no-cache")
+
+
+def test_the_record_classes_are_listed_from_the_files_that_mention_records(
+    tmp_path: Path,
+) -> None:
+    write_tree(
+        tmp_path,
+        {
+            "a.py": "from dataclasses import dataclass\n\n@dataclass\nclass RingDtypes:\n    pass\n",
+            "b.py": "from typing import NamedTuple\n\nclass Rings(NamedTuple):\n    g: int\n",
+            "c.py": "class Plain:\n    pass\n",
+        },
+    )
+    paths = sorted(tmp_path.glob("*.py"))
+    found = record_class_names(paths, 1, lambda path: path.read_bytes())
+    assert found == {"RingDtypes", "Rings"}

@@ -111,7 +111,11 @@ def _project_record(prov: Provenance, call: cst.Call) -> Found | None:
     names = prov.index.imported_names(call.func)
     if len(names) != 1:
         return None
-    target = prov.project.resolve(next(iter(names)))
+    dotted = next(iter(names))
+    known = prov.project.index.record_names
+    if known is not None and dotted.rpartition(".")[2] not in known:
+        return None  # no file of the project that mentions a record defines it
+    target = prov.project.resolve(dotted)
     return target if isinstance(target, Found) and target.definition[0] == "class" else None
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from replaylint.lint.gatecache.calls import (
     LocalValues,
@@ -77,7 +77,7 @@ def learn_gate_cache_names(
             or any(needle in text for needle in needles)
             or _may_teach(passing, text, patterns)
         )
-        aliases = aliasing.search(text) is not None
+        aliases = aliasing(text)
         if not (calls or aliases) and not may_list_rings(text.encode("utf-8", "surrogatepass")):
             continue  # neither a call that teaches, an alias, nor a row of rings
         if too_large(text) is not None:  # the checking pass reports it
@@ -158,14 +158,27 @@ def _passing_pattern(names: GateCacheNames) -> re.Pattern[str]:
     return re.compile(rf"[(,]\s*\w*(?:{words})\w*\s*=(?!=)|['\"]\w*(?:{words})\w*['\"]\s*:")
 
 
-def _alias_pattern(names: GateCacheNames) -> re.Pattern[str]:
-    """Text that may define an alias of the gate ring: a method (a property) named like a gate
-    cache that takes only ``self``, or ``g_cache = property(...)``."""
-    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
-    words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
-    return re.compile(
-        rf"\bdef\s+\w*(?:{words})\w*\s*\(\s*self\s*\)|\b\w*(?:{words})\w*\s*=\s*property\s*\("
-    )
+def _alias_pattern(names: GateCacheNames) -> Callable[[str], bool]:
+    """Whether text may define an alias of the gate ring: a method (a property) named like a
+    gate cache that takes only ``self``, or ``g_cache = property(...)``. The words of the
+    patterns are looked for first: most files hold none, and the name patterns are read only
+    in those that do."""
+    pieces = [max(re.split(r"[*?\[\]]", p), key=len).lower() for p in names.patterns]
+    words = [piece for piece in pieces if len(piece) > 2]
+    if not words:
+        return lambda text: False
+    accessor = re.compile(r"\bdef\s+(\w+)\s*\(\s*self\s*\)|\b(\w+)\s*=\s*property\s*\(")
+
+    def named(text: str) -> bool:
+        lowered = text.lower()
+        return any(word in lowered for word in words)
+
+    def may_alias(text: str) -> bool:
+        if not named(text):
+            return False
+        return any(named(match.group(1) or match.group(2)) for match in accessor.finditer(text))
+
+    return may_alias
 
 
 def _aliased_names(

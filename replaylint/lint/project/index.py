@@ -131,6 +131,10 @@ class ProjectIndex:
     ``self`` casts a holder), found with ``holder_names``."""
     holder_buffers: frozenset[str] = frozenset()
     """The names of the gate buffers those classes hold, as registered."""
+    record_names: frozenset[str] | None = None
+    """Names of the project's classes that may be records, when a run has read every file
+    (:mod:`replaylint.lint.run.record_classes`): a call of another imported name constructs
+    none."""
     name_tables: frozenset[str] = frozenset()
     """Module constants of the project that list a gate cache's name
     (:mod:`replaylint.lint.run.name_tables`): a file mentioning one may make the gate cache in a

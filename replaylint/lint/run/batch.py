@@ -109,6 +109,13 @@ def _rescan_for_model_casts(
             known[path].candidate = True
 
 
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 def _last_prefilter_stages(
     known: dict[Path, FileState],
     linted: set[Path],
@@ -119,6 +126,11 @@ def _last_prefilter_stages(
     """The files the analysis must see although they name no gate cache: those that may cast a
     model holding a gate buffer, and those that read a name table."""
     _rescan_for_model_casts(known, linted, modules, names, jobs)
+    if modules.index.record_names is None and all(info.scanned for info in known.values()):
+        from replaylint.lint.run.record_classes import record_class_names
+
+        scanned = [info.item.path for info in known.values()]
+        modules.index.record_names = record_class_names(scanned, jobs, _read_bytes)
     waiting = [str(p) for p, info in known.items() if p in linted and not info.candidate]
     for path in files_reading(waiting, modules.index.name_tables, jobs):
         known[Path(path)].candidate = True
