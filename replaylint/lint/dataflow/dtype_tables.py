@@ -8,7 +8,8 @@ every ring in one dtype); its gate-cache entry is then judged as an allocation's
 (float32, a non-float32 literal, or a dtype that is not provably float32), and the fix sets the
 entry to float32.
 A setting named for the gate cache's dtype (``gate_dtype: torch.dtype = torch.bfloat16``) is the
-same policy in one name: :func:`named_gate_dtype` says when it holds a non-float32 literal, and
+same policy in one name: :func:`gate_dtype_name` says when a name is one,
+:func:`narrower_literals` when its value holds a non-float32 literal, and
 :func:`borrowed_gate_dtype` when it is given the dtype of another setting (``gate_dtype =
 self.dtype``, ``gate_dtype=args.cache_dtype``, ``TABLE.get(flag, self.dtype)``).
 """
@@ -152,22 +153,6 @@ def _literal_dtype(prov: Provenance, value: cst.BaseExpression, site: Site) -> b
 
 
 _FLOATING = frozenset({"float16", "bfloat16", "float64", "float32"})
-
-
-def named_gate_dtype(
-    prov: Provenance,
-    target: cst.CSTNode | None,
-    value: cst.BaseExpression | None,
-    site: Site,
-) -> tuple[str, list[str]] | None:
-    """``(name, non-float32 literals)`` when ``target = value`` (a field, a default, a keyword,
-    an assignment) sets a dtype named for the gate cache (``gate_dtype``, ``g_cache_dtype``) to
-    floating literals other than float32 only; None otherwise."""
-    name = gate_dtype_name(prov, target, site)
-    if value is None or name is None:
-        return None
-    narrower = narrower_literals(prov, value, site)
-    return None if narrower is None else (name, narrower)
 
 
 def gate_dtype_name(prov: Provenance, target: cst.CSTNode | None, site: Site) -> str | None:

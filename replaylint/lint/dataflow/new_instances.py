@@ -38,14 +38,22 @@ def methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
     for node in descendants(site.scope):  # in source order
         if node is site.statement:
             break
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and isinstance(node.func.value, cst.Name)
-            and node.func.value.value == receiver.value
-        ):
-            called.add(node.func.attr.value)
+        method = _method_called_on(node, receiver.value)
+        if method is not None:
+            called.add(method)
     return frozenset(called)
+
+
+def _method_called_on(node: cst.CSTNode, name: str) -> str | None:
+    """The method ``node`` calls on the name ``name`` (``model.setup_caches(...)``), if any."""
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and isinstance(node.func.value, cst.Name)
+        and node.func.value.value == name
+    ):
+        return node.func.attr.value
+    return None
 
 
 def methods_called_after(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
@@ -55,17 +63,12 @@ def methods_called_after(receiver: cst.BaseExpression, site: Site) -> frozenset[
     receiver = chain_root(receiver)
     if not isinstance(receiver, cst.Name):
         return frozenset()
-    following = _following(site)
-    called: set[str] = set()
-    for statement in following:
-        for node in descendants(statement):
-            if (
-                isinstance(node, cst.Call)
-                and isinstance(node.func, cst.Attribute)
-                and isinstance(node.func.value, cst.Name)
-                and node.func.value.value == receiver.value
-            ):
-                called.add(node.func.attr.value)
+    called = {
+        method
+        for statement in _following(site)
+        for node in descendants(statement)
+        if (method := _method_called_on(node, receiver.value)) is not None
+    }
     return frozenset(called)
 
 

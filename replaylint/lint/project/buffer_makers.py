@@ -22,9 +22,7 @@ CONSTRUCTION = ""
 def buffer_makers(cls: ast.ClassDef) -> dict[str, str]:
     """Buffer name (as written, f-string fields kept) -> :data:`CONSTRUCTION` or the name of the
     first method that registers it after construction."""
-    methods = {
-        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+    methods = _methods(cls)
     constructing = _constructing(methods)
     made: dict[str, str] = {}
     conditional: set[str] = set()
@@ -43,29 +41,20 @@ def buffer_makers(cls: ast.ClassDef) -> dict[str, str]:
 
 def constructing_methods(cls: ast.ClassDef) -> set[str]:
     """``__init__`` and the methods it runs unconditionally on ``self``: what construction runs."""
-    methods = {
-        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+    methods = _methods(cls)
     return _constructing(methods)
 
 
 def method_runners(cls: ast.ClassDef) -> dict[str, set[str]]:
     """Method name -> the methods whose run runs it on ``self`` (itself included, at any depth):
     a part ``setup_caches`` installs is also there once ``generate`` (which calls it) has run."""
-    methods = {
-        s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+    methods = _methods(cls)
     callers: dict[str, set[str]] = {name: set() for name in methods}
     for name, method in methods.items():
         for node, _ in _walk(method):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "self"
-                and node.func.attr in callers
-            ):
-                callers[node.func.attr].add(name)
+            called = _self_call(node)
+            if called in callers:
+                callers[called].add(name)
     runners: dict[str, set[str]] = {}
     for name in methods:
         found, stack = set(), [name]
@@ -78,6 +67,22 @@ def method_runners(cls: ast.ClassDef) -> dict[str, set[str]]:
     return runners
 
 
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    return {s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _self_call(node: ast.AST) -> str | None:
+    """The method ``node`` calls on ``self`` (``self.setup_caches(...)``), if any."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    ):
+        return node.func.attr
+    return None
+
+
 def _constructing(methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) -> set[str]:
     """``__init__`` and the methods it runs unconditionally on ``self``, at any depth."""
     found: set[str] = set()
@@ -88,14 +93,9 @@ def _constructing(methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]) ->
             continue
         found.add(name)
         for node, guarded in _walk(methods[name]):
-            if (
-                not guarded
-                and isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "self"
-            ):
-                stack.append(node.func.attr)
+            called = None if guarded else _self_call(node)
+            if called is not None:
+                stack.append(called)
     return found | {"__init__"}
 
 

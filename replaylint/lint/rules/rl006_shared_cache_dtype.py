@@ -39,6 +39,7 @@ from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID
 from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
 from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
 from replaylint.lint.syntax.nodes import (
+    Comprehension,
     binding_name,
     comprehension_in,
     getattr_name,
@@ -407,13 +408,7 @@ they were (safe).
                 facts = self.provenance.tensor_facts(comprehension.elt, site, env)
                 for fact in facts:
                     if fact.kind in _REPORTED:
-                        again = self._reallocation(comprehension.elt, element) or positional_fix(
-                            self.context.module,
-                            self.context.spelling.torch_at(site),
-                            comprehension,
-                            index,
-                            fact,
-                        )
+                        again = self._unpacked_fix(comprehension, element, index, fact)
                         self._report_loop(fact, subject, loop, variable, [(name, env)], again)
                 continue
             numbered = numbered_iteration(for_in, index, site)  # `enumerate`: this position's
@@ -426,15 +421,22 @@ they were (safe).
                         f"{subject} is unpacked from one comprehension that gives "
                         f"every cache {shared_treatment(self.context.module, fact)}; give the gate cache its own "
                         f"float32 value ({WHY})",
-                        fix=self._reallocation(comprehension.elt, element)
-                        or positional_fix(
-                            self.context.module,
-                            self.context.spelling.torch_at(site),
-                            comprehension,
-                            index,
-                            fact,
-                        ),
+                        fix=self._unpacked_fix(comprehension, element, index, fact),
                     )
+
+    def _unpacked_fix(
+        self,
+        comprehension: Comprehension,
+        element: cst.BaseExpression,
+        index: int,
+        fact: TensorFact,
+    ) -> FixDraft | None:
+        """The gate cache unpacked at ``index`` made again as float32, or else the
+        comprehension's loop numbered."""
+        torch = self.context.spelling.torch_at(self.site())
+        return self._reallocation(comprehension.elt, element) or positional_fix(
+            self.context.module, torch, comprehension, index, fact
+        )
 
     def _reallocation(
         self, allocation: cst.BaseExpression, target: cst.BaseExpression
