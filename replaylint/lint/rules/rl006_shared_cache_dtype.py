@@ -11,12 +11,18 @@ from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
-from replaylint.lint.dataflow.strings import Iteration, naming_variable, numbered_iteration
+from replaylint.lint.dataflow.strings import (
+    Bound,
+    Iteration,
+    naming_variable,
+    numbered_iteration,
+)
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.positional import positional_fix
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
+from replaylint.lint.gatecache.lists import list_names
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Rule, Valid
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
@@ -37,6 +43,11 @@ from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID
 from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
+from replaylint.lint.rules.unlisted_keys import (
+    UNLISTED_INVALID,
+    UNLISTED_VALID,
+    unlisted_iterations,
+)
 from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
 from replaylint.lint.syntax.nodes import (
     Comprehension,
@@ -209,14 +220,16 @@ they were (safe).
             """
         ),
         *FROMKEYS_VALID,
+        *UNLISTED_VALID,
     )
-    INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID)
+    INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID, *UNLISTED_INVALID)
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
         self._loops: list[_Loop] = []
         self._reported: set[int] = set()
         self._helpers: SharedHelpers | None = None
+        self._lists: frozenset[str] | None = None
 
     # ------------------------------------------------------------------ loops over names
     def visit_For(self, node: cst.For) -> None:
@@ -240,8 +253,14 @@ they were (safe).
                 self._keyed(positional[1].value, positional[2].value, self._loops)
         elif method == "register_buffer" and len(positional) >= 2:
             self._keyed(positional[0].value, positional[1].value, self._loops)
-        elif method == "append" and len(positional) == 1 and (name := getattr_name(node)):
-            self._keyed(name, positional[0].value, self._loops)  # one list per ring name
+        elif method == "append" and len(positional) == 1:
+            if name := getattr_name(node):
+                self._keyed(name, positional[0].value, self._loops)  # one list per ring name
+            elif isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
+                # `for rings in (self.d_cache, self.g_cache): rings.append(...)`
+                self._keyed(
+                    node.func.value, positional[0].value, self._loops, node.func.value, True
+                )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         named = [t.target for t in node.targets if isinstance(t.target, cst.Name)]
@@ -305,6 +324,7 @@ they were (safe).
         value: cst.BaseExpression,
         loops: Sequence[_Loop],
         mapping: cst.BaseExpression | str | None = None,
+        appended: bool = False,
     ) -> None:
         """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
         the local ``mapping``, when it is one)."""
@@ -312,15 +332,23 @@ they were (safe).
         if not isinstance(value, (cst.Call, cst.IfExp, cst.Name, cst.Subscript)):  # no dataflow yet
             return
         for loop in reversed(loops):
+            site = self.site()
             iterations = self._iterations(loop)
+            unlisted = iterations is None and isinstance(mapping, cst.BaseExpression)
+            if unlisted:
+                assert isinstance(mapping, cst.BaseExpression)
+                iterations = unlisted_iterations(
+                    self.context, key, mapping, loop.node, loop.target, site
+                )
             if not iterations:
                 continue
-            site = self.site()
             gate_envs = []
             for env in iterations:
                 if any(self.provenance.condition(i.test, site, env) is False for i in loop.ifs):
                     continue
                 name = self.provenance.string_value(key, site, env)
+                if name is None or not self.context.gate_caches.matches(name):
+                    name = self._held_gate(mapping, env, appended)
                 if name is not None and self.context.gate_caches.matches(name):
                     gate_envs.append((name, env))
             if not gate_envs:
@@ -328,6 +356,8 @@ they were (safe).
             if only_saved(self.provenance, mapping, site):
                 return  # a snapshot's storage format: reading it back uncast is reported there
             variable = naming_variable(key, [env for _, env in gate_envs])
+            if variable is None and not unlisted:
+                variable = _telling_variable(gate_envs, iterations)
             for name, env in gate_envs:
                 for fact in self.provenance.tensor_facts(value, site, env):
                     if (
@@ -342,11 +372,34 @@ they were (safe).
                         elif self.provenance.within(fact.node, loop.node):
                             self._report_loop(fact, subject, loop, variable, gate_envs)
                         else:  # made before the loop, where the loop's name is not bound
-                            fix = before_loop_fix(
-                                self.context, fact, key, value, loop.node, iterations, site
-                            )
+                            fix = None
+                            if not unlisted:  # other caches' iterations are unknown
+                                fix = before_loop_fix(
+                                    self.context, fact, key, value, loop.node, iterations, site
+                                )
                             self._report_loop(fact, subject, loop, None, gate_envs, fix)
             return
+
+    def _held_gate(
+        self, holder: cst.BaseExpression | str | None, env: Iteration, appended: bool
+    ) -> str | None:
+        """The gate-cache name of the list of rings the loop variable ``holder`` holds in
+        ``env`` (``rings`` in ``for kind, rings in zip(KINDS, (self.d_cache, self.g_cache))``);
+        an element written into a tensor is a copy, which casts."""
+        if not isinstance(holder, cst.Name):
+            return None
+        held = env.get(holder.value)
+        if not isinstance(held, Bound):
+            return None
+        name = binding_name(held.expr)
+        if name is None or not self.context.gate_caches.matches(name):
+            return None
+        if not appended:
+            if self._lists is None:
+                self._lists = list_names(self.context.module, self.context.gate_caches)
+            if name not in self._lists:
+                return None
+        return name
 
     def _report_loop(
         self,
@@ -463,3 +516,19 @@ they were (safe).
         found = self._helpers.finding(call, subject, site, position)
         if found is not None:
             self.report(found.node, found.message, fix=found.fix)
+
+
+def _telling_variable(
+    gate_envs: list[tuple[str, Iteration]], iterations: Sequence[Iteration]
+) -> str | None:
+    """A loop variable that holds a string in every iteration and tells the gate cache's
+    iterations from the others (``kind`` beside the ring it names)."""
+    gate_ids = {id(env) for _, env in gate_envs}
+    for variable in sorted({v for env in iterations for v in env}):
+        if not all(isinstance(env.get(variable), str) for env in iterations):
+            continue
+        gate_values = {env[variable] for env in iterations if id(env) in gate_ids}
+        other_values = {env[variable] for env in iterations if id(env) not in gate_ids}
+        if gate_values.isdisjoint(other_values):
+            return variable
+    return None

@@ -1,0 +1,340 @@
+"""RL006's loops that fill a mapping under keys the analysis cannot list, which the code then uses
+as holding the gate cache.
+
+``for name, shape in spec.ring_shapes(n).items(): rings[name] = torch.zeros(shape, dtype=dtype)``
+gives every entry one dtype, but the keys come from somewhere the analysis cannot read. How the
+mapping is used afterwards says whether the gate cache is among them: read under a gate-cache key
+(``rings["g_cache"]``, ``rings.get("g_cache")``, ``"g_cache" in rings``) or spread into a record
+or a decode entry point with a gate-cache field (``LayerRings(**rings)``). A mapping whose gate
+entry is written under its own key as well (before or after the loop) is not judged here: which
+of the two writes wins is the code's business, and the explicit one is checked on its own.
+
+The loop is then judged as if it ran once with its key variable holding the gate key, so the
+write's enclosing ``if`` tests still decide (``if name != "g_cache":`` leaves it out), and the
+fix is the loop's conditional one (``torch.float32 if name == "g_cache" else dtype``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import libcst as cst
+
+from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.provenance import Provenance
+from replaylint.lint.dataflow.records import positional_fields
+from replaylint.lint.dataflow.strings import Iteration
+from replaylint.lint.rules.base import Invalid, Valid
+from replaylint.lint.syntax.nodes import dotted_name, string_key
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants, syntax_children
+
+__all__ = ["UNLISTED_INVALID", "UNLISTED_VALID", "unlisted_iterations"]
+
+_KEYED_READS = frozenset({"get", "pop"})
+
+
+def unlisted_iterations(
+    context: FileContext,
+    key: cst.BaseExpression,
+    mapping: cst.BaseExpression,
+    loop: cst.CSTNode,
+    loop_target: cst.BaseExpression,
+    site: Site,
+) -> list[Iteration] | None:
+    """One iteration per gate-cache key the code uses ``mapping`` as holding, with the loop
+    variable ``key`` holding it, for ``mapping[key] = ...`` in ``loop`` whose keys cannot be
+    listed; None when ``key`` is not a loop variable or no such use decides."""
+    if not isinstance(key, cst.Name) or key.value not in _names(loop_target):
+        return None
+    if not isinstance(mapping, (cst.Name, cst.Attribute)):
+        return None
+    scope: cst.CSTNode = site.scope
+    if isinstance(mapping, cst.Attribute):
+        scope = site.enclosing_class() or context.module
+    written = context.module.code_for_node(mapping)
+    gates = _gate_keys(context, scope, written, site)
+    if not gates:
+        return None
+    prov = context.provenance
+    result: list[Iteration] = []
+    for gate in sorted(gates):
+        env: Iteration = {key.value: gate}
+        if site.statement is not None and _excluded(prov, loop, site, site.statement, env):
+            continue
+        result.append(env)
+    return result or None
+
+
+def _gate_keys(context: FileContext, scope: cst.CSTNode, written: str, site: Site) -> set[str]:
+    """The gate-cache keys ``scope`` reads the mapping spelled ``written`` under, less those it
+    writes under its own key."""
+    module, gate_caches = context.module, context.gate_caches
+    targets: set[int] = set()
+    guarded: set[int] = set()  # `if "g" not in rings: rings["g"] = ...` fills a missing entry
+    read: set[str] = set()
+    assigned: set[str] = set()
+    nodes = list(descendants(scope))
+    for node in nodes:
+        if isinstance(node, cst.Assign):
+            targets.update(id(t.target) for t in node.targets)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            targets.add(id(node.target))
+        elif isinstance(node, cst.If) and _membership(node.test) is not None:
+            guarded.update(id(n) for n in descendants(node.body))
+    for node in nodes:
+        if isinstance(node, cst.Subscript):
+            found = string_key(node)
+            if found is None or not gate_caches.matches(found):
+                continue
+            if module.code_for_node(node.value) != written:
+                continue
+            if id(node) not in targets:
+                read.add(found)
+            elif id(node) not in guarded:
+                assigned.add(found)
+        elif isinstance(node, cst.Comparison):
+            found_in = _membership(node)
+            if (
+                found_in is not None
+                and gate_caches.matches(found_in[0])
+                and module.code_for_node(found_in[1]) == written
+            ):
+                read.add(found_in[0])
+        elif isinstance(node, cst.Call):
+            read.update(_called_reads(context, node, written, site))
+    return read - assigned
+
+
+def _membership(test: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
+    """``("g", rings)`` of ``"g" in rings`` or ``"g" not in rings``."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    comparison = test.comparisons[0]
+    left = test.left
+    if not isinstance(comparison.operator, (cst.In, cst.NotIn)):
+        return None
+    if not isinstance(left, cst.SimpleString) or not isinstance(left.evaluated_value, str):
+        return None
+    return left.evaluated_value, comparison.comparator
+
+
+def _called_reads(context: FileContext, call: cst.Call, written: str, site: Site) -> set[str]:
+    """``rings.get("g")`` and ``rings.pop("g")``; the gate-cache fields ``Rings(**rings)`` or a
+    decode entry point fills from the mapping."""
+    module, gate_caches = context.module, context.gate_caches
+    func = call.func
+    if (
+        isinstance(func, cst.Attribute)
+        and func.attr.value in _KEYED_READS
+        and call.args
+        and isinstance(call.args[0].value, cst.SimpleString)
+        and module.code_for_node(func.value) == written
+    ):
+        value = call.args[0].value.evaluated_value
+        return {value} if isinstance(value, str) and gate_caches.matches(value) else set()
+    spreads = [a for a in call.args if a.star == "**" and module.code_for_node(a.value) == written]
+    if not spreads:
+        return set()
+    named = {a.keyword.value for a in call.args if a.keyword is not None}
+    called = dotted_name(func) or ""
+    entry = {
+        e.parameter
+        for e in context.entry_points
+        if called and any(e.matches(n) for n in {called} | context.qualified_names(func))
+    }
+    fields = positional_fields(context.provenance, call, site) or []
+    candidates = entry | {name for name, _ in fields if gate_caches.matches(name)}
+    return {name for name in candidates if name not in named}
+
+
+def _excluded(
+    prov: Provenance, loop: cst.CSTNode, site: Site, statement: cst.CSTNode, env: Iteration
+) -> bool:
+    """Whether an ``if`` between ``loop`` and ``statement`` leaves the iteration ``env`` out."""
+    for test, in_body in _tests_on_the_way(loop, statement):
+        decided = prov.condition(test, site, env)
+        if decided is not None and decided is not in_body:
+            return True
+    return False
+
+
+def _tests_on_the_way(
+    root: cst.CSTNode, statement: cst.CSTNode
+) -> Iterator[tuple[cst.BaseExpression, bool]]:
+    """The ``if`` tests that enclose ``statement`` below ``root``, each with whether the
+    statement is in its body (rather than its ``else``)."""
+    path = _path(root, statement)
+    for parent, child in itertools.pairwise(path):
+        if isinstance(parent, cst.If):
+            yield parent.test, child is parent.body
+
+
+def _path(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes from ``root`` down to ``target``; empty when ``target`` is not below it."""
+    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [root])]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        for child in syntax_children(node):
+            stack.append((child, [*path, child]))
+    return []
+
+
+def _names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {n for e in target.elements for n in _names(e.value)}
+    return set()
+
+
+UNLISTED_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+
+        # the gate entry is made again, in float32, after the loop
+        def new_rings(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.zeros(shape, dtype=dtype)
+            rings["g_cache"] = torch.zeros(spec.ring_shapes(n)["g_cache"], dtype=torch.float32)
+            return rings["g_cache"]
+        """,
+    ),
+    Valid(
+        """
+        import torch
+
+        # the loop gives the gate entry its own float32 dtype
+        def new_rings(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                if name != "g_cache":
+                    rings[name] = torch.zeros(shape, dtype=dtype)
+                else:
+                    rings[name] = torch.zeros(shape, dtype=torch.float32)
+            return rings["g_cache"]
+        """,
+    ),
+    Valid(
+        """
+        import torch
+
+        # nothing says the keys include a gate cache
+        def new_rings(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.zeros(shape, dtype=dtype)
+            return rings["d_cache"]
+        """,
+    ),
+)
+
+UNLISTED_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        def new_rings(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.zeros(shape, dtype=dtype)
+            return rings["d_cache"], rings["g_cache"]
+        """,
+        expected_fix="""
+        import torch
+
+        def new_rings(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.zeros(shape, dtype=torch.float32 if name == "g_cache" else dtype)
+            return rings["d_cache"], rings["g_cache"]
+        """,
+        message_contains="by a loop over `spec.ring_shapes(n).items()`",
+    ),
+    Invalid(
+        """
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass
+        class LayerRings:
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def new_layer(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.empty(shape, dtype=dtype)
+            return LayerRings(**rings)
+        """,
+        expected_fix="""
+        from dataclasses import dataclass
+
+        import torch
+
+        @dataclass
+        class LayerRings:
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def new_layer(spec, n, dtype):
+            rings = {}
+            for name, shape in spec.ring_shapes(n).items():
+                rings[name] = torch.empty(shape, dtype=torch.float32 if name == "g_cache" else dtype)
+            return LayerRings(**rings)
+        """,
+        message_contains="gate cache `g_cache` is allocated by a loop",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def adopt(payload):
+            rings = {}
+            for name, blob in payload.items():
+                rings[name] = torch.frombuffer(bytearray(blob), dtype=torch.float16)
+            if "g_cache" not in rings:
+                rings["g_cache"] = torch.zeros(1, dtype=torch.float32)
+            return rings
+        """,
+        expected_fix="""
+        import torch
+
+        def adopt(payload):
+            rings = {}
+            for name, blob in payload.items():
+                rings[name] = torch.frombuffer(bytearray(blob), dtype=torch.float16).to(torch.float32) if name == "g_cache" else torch.frombuffer(bytearray(blob), dtype=torch.float16)
+            if "g_cache" not in rings:
+                rings["g_cache"] = torch.zeros(1, dtype=torch.float32)
+            return rings
+        """,
+        message_contains="raw bytes read as `torch.float16`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        class Pool:
+            def grow(self, shapes, dtype):
+                for kind, rings in zip(("d", "k", "g"), (self.d_cache, self.k_cache, self.g_cache)):
+                    rings.append(torch.zeros(shapes[kind], dtype=dtype))
+        """,
+        expected_fix="""
+        import torch
+
+        class Pool:
+            def grow(self, shapes, dtype):
+                for kind, rings in zip(("d", "k", "g"), (self.d_cache, self.k_cache, self.g_cache)):
+                    rings.append(torch.zeros(shapes[kind], dtype=torch.float32 if kind == "g" else dtype))
+        """,
+        message_contains="allocated by a loop over `zip(",
+    ),
+)
