@@ -296,9 +296,9 @@ def test_layers_of_a_container_attribute_and_casts_undone_at_once(tmp_path: Path
     )
     rows = sorted(row for path, row, code in found if path == "pkg/casts.py" and code == "RL004")
     # `self.model.layers` holds the mixers; `for_inference` puts `g_cache` back to float32;
-    # a choice of classes one of which keeps its gate buffer is not a certain conversion; a
-    # choice of two classes that both hold one is
-    assert rows == [7, 25]
+    # a choice of classes converts when one of them holds a gate buffer that a cast converts
+    # (it is cast whenever that one is chosen), whether or not the other keeps its own
+    assert rows == [7, 21, 25]
 
 
 _NAMED = """
@@ -358,3 +358,63 @@ def test_a_model_named_model_in_a_project_without_gate_buffers_is_not_reported(
     plain = "import torch\nfrom torch import nn\n\nclass Block(nn.Module):\n    pass\n"
     files = _package({"pkg/modeling.py": plain, "pkg/engine.py": _NAMED})
     assert not any(path == "pkg/engine.py" for path, _, _ in _findings(tmp_path, files))
+
+
+_SETUP_CACHES_MODEL = """
+import torch
+from torch import nn
+
+
+class ReplayCache(nn.Module):
+    def __init__(self, slots, ring_len, dim, dtype):
+        super().__init__()
+        self.register_buffer("d_cache", torch.zeros(slots, ring_len, dim, dtype=dtype))
+        self.register_buffer("g_cache", torch.zeros(slots, ring_len, dim, dtype=torch.float32))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.Linear(4, 4)
+
+
+class Transformer(nn.Module):
+    def __init__(self, n_layer):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(n_layer))
+
+    def setup_caches(self, slots, ring_len, cache_cls=None):
+        cache_cls = cache_cls or ReplayCache
+        for b in self.layers:
+            b.attention.cache = cache_cls(slots, ring_len, 4, torch.bfloat16)
+"""
+
+_SETUP_CACHES_LOADER = """
+import torch
+
+from .model import Transformer
+
+
+def with_caches(precision):
+    model = Transformer(2)
+    model.setup_caches(4, 8)
+    return model.to(dtype=precision)
+
+
+def caches_after_the_cast(precision):
+    model = Transformer(2).to(dtype=precision)
+    model.setup_caches(4, 8)
+    return model
+"""
+
+
+def test_parts_a_method_installs_in_each_layer_from_a_class_or_its_default(
+    tmp_path: Path,
+) -> None:
+    found = _findings(
+        tmp_path,
+        _package({"pkg/model.py": _SETUP_CACHES_MODEL, "pkg/loader.py": _SETUP_CACHES_LOADER}),
+    )
+    # `cache_cls or ReplayCache` may build a ReplayCache; caches set up after the cast are
+    # allocated in their own dtypes
+    assert [row for path, row, code in found if path == "pkg/loader.py"] == [9]

@@ -233,15 +233,15 @@ def _held_part(
     fresh: bool = False,
 ) -> ImportedGateBuffer | None:
     """The gate buffer a part that ``callee`` builds holds. For a choice of classes
-    (``["either", [class, ...]]`` of ``cache_cls = A if static else B``), only one that every
-    choice holds; each choice is searched on its own, since one that holds does not end the
-    search."""
+    (``["either", [class, ...]]`` of ``cache_cls = A if static else B``), the first one a
+    choice holds: a cast converts it whenever that class is the one chosen, even if another
+    choice keeps its gate buffer float32. Each choice is searched on its own."""
     if callee[0] == "either":
-        held = [
-            _held_part(index, matches, module, choice, depth, set(seen), called, fresh)
-            for choice in callee[1]
-        ]
-        return held[0] if held and all(h is not None for h in held) else None
+        for choice in callee[1]:
+            held = _held_part(index, matches, module, choice, depth, set(seen), called, fresh)
+            if held is not None:
+                return held
+        return None
     part = class_value(index, module, callee)
     if part is None:
         return None

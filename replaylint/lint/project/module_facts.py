@@ -259,7 +259,8 @@ def _may_be_float32(value: ast.expr) -> bool:
 
 def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
     """Locals of the class's methods bound to a class name or a choice of them (``cache_cls =
-    StaticCache if static else Cache``): what a call of the local may build."""
+    StaticCache if static else Cache``, ``cache_cls = cache_cls or Cache``): what a call of the
+    local may build."""
     aliases: dict[str, list[ast.expr]] = {}
     for node in nodes:
         if not (
@@ -269,10 +270,15 @@ def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
         ):
             continue
         choices = [node.value]
-        while choices and isinstance(choices[-1], ast.IfExp):
+        while choices and isinstance(choices[-1], (ast.IfExp, ast.BoolOp)):
             last = choices.pop()
-            assert isinstance(last, ast.IfExp)
-            choices += [last.body, last.orelse]
+            if isinstance(last, ast.IfExp):
+                choices += [last.body, last.orelse]
+            elif isinstance(last.op, ast.Or):  # `cache_cls = cache_cls or Cache`
+                choices += last.values
+            else:
+                choices.append(last)
+                break
         if choices and all(isinstance(c, (ast.Name, ast.Attribute)) for c in choices):
             aliases.setdefault(node.targets[0].id, []).extend(choices)
     return aliases
