@@ -274,7 +274,8 @@ def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
             last = choices.pop()
             if isinstance(last, ast.IfExp):
                 choices += [last.body, last.orelse]
-            elif isinstance(last.op, ast.Or):  # `cache_cls = cache_cls or Cache`
+            elif isinstance(last, ast.BoolOp) and isinstance(last.op, ast.Or):
+                # `cache_cls = cache_cls or Cache`
                 choices += last.values
             else:
                 choices.append(last)
