@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from project_support import cli_rows
+from project_support import cli_rows, lint_in_project
 
 from replaylint.lint.engine import Linter
 from replaylint.lint.gatecache.names import GateCacheNames
@@ -201,3 +201,19 @@ def test_a_setting_named_after_a_learned_ring(
     expected = [("layout.py", 8, "RL001")] if default == "torch.bfloat16" else []
     expected.append(("layout.py", 22, "RL002"))
     assert cli_rows(tmp_path, "--isolated", "--no-cache", ".") == expected
+
+
+def test_a_setting_given_an_imported_literal_is_reported_once(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/policy.py": "import torch\n\nWIRE_DTYPE = torch.bfloat16\n",
+        "pkg/config.py": (
+            "from dataclasses import dataclass\n\nimport torch\n\nfrom .policy import WIRE_DTYPE\n\n"
+            "@dataclass(frozen=True)\nclass CacheConfig:\n"
+            "    ring_dtype: torch.dtype = WIRE_DTYPE\n"
+            "    gate_dtype: torch.dtype = WIRE_DTYPE\n"
+        ),
+    }
+    found = lint_in_project(tmp_path, files, "pkg/config.py")
+    # the literal the constant holds is RL001's; RL002 does not report the same setting again
+    assert [(f.code, f.location.row) for f in found] == [("RL001", 10)]

@@ -200,3 +200,48 @@ def test_an_entry_of_a_dict_a_function_returns(
     files = {"pkg/__init__.py": "", "pkg/_tables.py": _TABLES, "pkg/user.py": user}
     codes = [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")]
     assert codes == expected
+
+
+_LIKE_HELPERS = """
+import torch
+
+
+def alloc_like(t):
+    return torch.empty_like(t)
+
+
+def new_ring(t, shape):
+    return t.new_zeros(shape)
+
+
+def float_like(t):
+    return torch.zeros_like(t, dtype=torch.float32)
+"""
+
+
+@pytest.mark.parametrize(
+    ("made", "expected"),
+    [
+        ("alloc_like(d_cache)", ["RL003"]),
+        ("new_ring(d_cache, (n,))", ["RL003"]),
+        ("float_like(d_cache)", []),
+        # a float32 tensor passed: the copy is float32 too
+        ("alloc_like(state)", []),
+    ],
+)
+def test_helpers_of_another_module_that_allocate_like_a_tensor(
+    tmp_path: Path, made: str, expected: list[str]
+) -> None:
+    user = (
+        "import torch\nfrom ._like import alloc_like, float_like, new_ring\n\n"
+        "def build(n, dtype):\n"
+        "    d_cache = torch.zeros(n, dtype=dtype)\n"
+        "    state = torch.zeros(n, dtype=torch.float32)\n"
+        f"    g_cache = {made}\n"
+        "    return g_cache, state\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/_like.py": _LIKE_HELPERS, "pkg/user.py": user}
+    assert [f.code for f in lint_in_project(tmp_path, files, "pkg/user.py")] == expected
+    if expected:
+        fixed = fix_in_project(tmp_path, files, "pkg/user.py")
+        assert f"g_cache = {made}.to(torch.float32)" in fixed

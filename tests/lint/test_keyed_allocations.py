@@ -211,3 +211,52 @@ def test_the_split_fix_makes_only_the_gate_entry_again_in_float32() -> None:
     rings = namespace["pool"](torch.bfloat16)  # type: ignore[operator]
     assert list(rings) == ["d_cache", "g_cache", "k_cache"]  # every key in its place
     assert [t.dtype for t in rings.values()] == [torch.bfloat16, torch.float32, torch.bfloat16]
+
+
+_NESTED = """
+import torch
+
+
+def alloc_ring(shape, dtype, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def make_rings(shapes, dtype):
+    return {name: alloc_ring(shape, dtype) for name, shape in shapes.items()}
+"""
+
+
+def test_a_mapping_of_unknown_keys_read_under_the_gate_key(tmp_path: Path) -> None:
+    body = """
+class Pool:
+    def __init__(self, shapes, dtype):
+        rings = make_rings(shapes, dtype)
+        self.d_cache = rings["d_cache"]
+        self.g_cache = rings["g_cache"]
+
+
+def state_only(shapes, dtype):
+    rings = make_rings(shapes, dtype)
+    return rings["d_cache"]
+"""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/helpers.py": _NESTED,
+        "pkg/user.py": f"from .helpers import make_rings\n{body}",
+    }
+    rows = [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+    # the entries are made by `alloc_ring`, an allocation helper `make_rings` calls per key
+    assert rows == [(5, "RL006")]
+
+
+def test_a_per_key_helper_that_allocates_through_a_helper_of_its_module() -> None:
+    source = f"""{_NESTED}
+
+def new_pool(shapes, dtype):
+    rings = make_rings(shapes, dtype)
+    return rings["d_cache"], rings["g_cache"]
+"""
+    findings = Linter().check(source, "example.py")
+    assert [(f.location.row, f.code) for f in findings] == [(14, "RL006")]
+    fixed = Linter().fix(source, "example.py", unsafe=True).source
+    assert 'make_rings({"g_cache": shapes["g_cache"]}, torch.float32)' in fixed

@@ -35,10 +35,12 @@ from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
+    NEW_METHODS,
     NON_FLOATING_DTYPES,
     PARTIALS,
     POSITIONAL_DTYPE,
     TORCH_FACTORIES,
+    TORCH_LIKE_FACTORIES,
 )
 from replaylint.lint.project.index import External, Found, Origin
 from replaylint.lint.project.summaries import Value
@@ -183,8 +185,19 @@ def _allocation(
     result, inner = evaluation.called(callee, value[2], value[3], context)
     if result[0] != "call":
         raise Unknown
-    factory = _factory(evaluation, result[1], inner)
     dtype = dict((str(k), v) for k, v in result[3]).get("dtype")
+    method = result[1]
+    if (  # `return ref.new_zeros(shape)`: the tensor passed gives the dtype
+        dtype is None
+        and method[0] == "attr"
+        and method[1][0] == "param"
+        and method[2] in NEW_METHODS
+    ):
+        bound = inner.params.get(str(method[1][1]))
+        if not isinstance(bound, Here):
+            raise Unknown
+        return _like(prov, call, bound)
+    factory = _factory(evaluation, result[1], inner, like=True)
     reference = _reference(factory, result, dtype)
     if reference is not None:
         bound = inner.params.get(reference)
@@ -208,10 +221,13 @@ def _allocation(
     return _decided(facts, call, CastValue(call), here=False)
 
 
-def _factory(evaluation: Evaluation, value: Value, context: Context) -> str:
+def _factory(evaluation: Evaluation, value: Value, context: Context, *, like: bool = False) -> str:
     """The torch factory a project value names (``torch.zeros``), or :class:`Unknown`."""
     target = evaluation.target(value, context)
-    if not (isinstance(target, External) and target.name in TORCH_FACTORIES):
+    if not (
+        isinstance(target, External)
+        and (target.name in TORCH_FACTORIES or (like and target.name in TORCH_LIKE_FACTORIES))
+    ):
         raise Unknown
     return target.name
 

@@ -85,14 +85,16 @@ def _module_helper(
     mapping_name, element = shape
     names = [p.name.value for p in all_params(function.params) if p.star == ""]
     names = names[1:] if bound else names
-    if mapping_name not in names or not (
-        prov.index.qualified_names(element.func) & TORCH_FACTORIES
-    ):
+    if mapping_name not in names:
         return None
+    element_site = Site(scopes, returns[0][1])
+    if prov.index.qualified_names(element.func) & TORCH_FACTORIES:
+        dtype = _dtype_argument(prov, element)
+    else:  # `{name: alloc_ring(shape, dtype) for ...}` of an allocation helper of the module
+        dtype = _helper_dtype_argument(prov, element, element_site)
     mapping = passed_values(
         prov, call, mapping_name, parameter_position(function, mapping_name, bound), site
     )
-    dtype = _dtype_argument(prov, element)
     if len(mapping) != 1 or dtype is None:
         return None
     defined = function
@@ -134,14 +136,19 @@ def _project_helper(prov: Provenance, call: cst.Call, site: Site) -> KeyedAlloca
         return None
     mapping = inner.params.get(str(source[1]))
     factory = evaluation.target(element[1], inner)
-    if not isinstance(mapping, Here) or not (
-        isinstance(factory, External) and factory.name in TORCH_FACTORIES
-    ):
+    if not isinstance(mapping, Here):
         return None
-    dtype = dict((str(k), v) for k, v in element[3]).get("dtype")
-    if dtype is None and factory.name in POSITIONAL_DTYPE:
-        position = POSITIONAL_DTYPE[factory.name]
-        dtype = element[2][position] if len(element[2]) > position else None
+    if isinstance(factory, Found) and factory.definition[0] == "function":
+        # `{name: alloc_ring(shape, dtype) for ...}`: the argument the allocation helper
+        # allocates with
+        dtype = _summary_dtype_argument(evaluation, factory, element)
+    elif isinstance(factory, External) and factory.name in TORCH_FACTORIES:
+        dtype = dict((str(k), v) for k, v in element[3]).get("dtype")
+        if dtype is None and factory.name in POSITIONAL_DTYPE:
+            position = POSITIONAL_DTYPE[factory.name]
+            dtype = element[2][position] if len(element[2]) > position else None
+    else:
+        return None
     if dtype is None:
         return None  # the default dtype decides: RL003's question
     last = callee.origins[-1] if callee.origins else None
@@ -225,6 +232,69 @@ def _zipped_values(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:
     if loop.inner_for_in is not None or loop.ifs or not isinstance(over, cst.Name):
         return None
     return (source, made.elt) if over.value == source else None
+
+
+def _helper_dtype_argument(
+    prov: Provenance, call: cst.Call, site: Site
+) -> cst.BaseExpression | None:
+    """The argument of ``call`` that a helper of the module (``def alloc_ring(shape, dtype):
+    return torch.zeros(shape, dtype=dtype)``) allocates its one tensor with."""
+    found = called_function(prov.index, prov, call, site)
+    if found is None:
+        return None
+    function, _, bound = found
+    returns = prov.index.scope(function).returns
+    made = returns[0][0].value if len(returns) == 1 else None
+    if not isinstance(made, cst.Call) or not (
+        prov.index.qualified_names(made.func) & TORCH_FACTORIES
+    ):
+        return None
+    dtype = _dtype_argument(prov, made)
+    if not isinstance(dtype, cst.Name):
+        return None
+    parameter = dtype.value
+    if parameter not in {p.name.value for p in all_params(function.params)}:
+        return None
+    written = keyword_arg(call, parameter)
+    if written is not None:
+        return written.value
+    position = parameter_position(function, parameter, bound)
+    positional = positional_args(call)
+    if position is None or position >= len(positional):
+        return None
+    return positional[position].value
+
+
+def _summary_dtype_argument(
+    evaluation: Evaluation, helper: Found, element: list[object]
+) -> list[object] | None:
+    """The argument value of the summary call ``element`` that the project's allocation helper
+    ``helper`` allocates its one tensor with."""
+    _, _, params, made = helper.definition[:4]
+    if not (isinstance(made, list) and made and made[0] == "call"):
+        return None
+    try:
+        factory = evaluation.target(made[1], Context(helper.module))
+    except (Unknown, *MALFORMED):
+        return None
+    if not (isinstance(factory, External) and factory.name in TORCH_FACTORIES):
+        return None
+    dtype = dict((str(k), v) for k, v in made[3]).get("dtype")
+    if not (isinstance(dtype, list) and dtype and dtype[0] == "param"):
+        return None
+    names = [str(p[0]) for p in params]
+    parameter = str(dtype[1])
+    if parameter not in names:
+        return None
+    keywords = element[3]
+    assert isinstance(keywords, list)
+    for key, value in keywords:
+        if key == parameter:
+            return value  # type: ignore[no-any-return]
+    positional = element[2]
+    assert isinstance(positional, list)
+    position = names.index(parameter)
+    return positional[position] if position < len(positional) else None
 
 
 def _dtype_argument(prov: Provenance, allocation: cst.Call) -> cst.BaseExpression | None:

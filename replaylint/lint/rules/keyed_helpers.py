@@ -15,6 +15,7 @@ from replaylint.lint.dataflow.keyed_allocations import keyed_allocation, known_k
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.fixes.keyed_split import keyed_split_fix, split_for_gate
 from replaylint.lint.rules.shared_helpers import HelperFinding
+from replaylint.lint.rules.unlisted_keys import gate_keys_read
 from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
 from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
@@ -24,14 +25,20 @@ def keyed_helper_finding(
     context: FileContext, prov: Provenance, call: cst.Call, site: Site
 ) -> HelperFinding | None:
     """What to report for ``call``, when it is such a call."""
+    read: list[str] = []
     if not any(_gate_keys(context, prov, arg.value, site) for arg in call.args if not arg.star):
-        return None  # first the cheap question, which almost every call answers no
+        # first the cheap question, which almost every call answers no; then whether the
+        # result is used as holding the gate cache (`rings = alloc(shapes, dtype)`, then
+        # `rings["g_cache"]`), for a mapping whose keys cannot be listed
+        read = _read_gate_keys(context, call, site)
+        if not read:
+            return None
     if split_for_gate(site.statement, call):
         return None  # `{**alloc(shapes, dtype), **alloc({"g_cache": ...}, torch.float32)}`
     found = keyed_allocation(prov, call, site)
     if found is None:
         return None
-    gates = _gate_keys(context, prov, found.mapping, found.mapping_site)
+    gates = _gate_keys(context, prov, found.mapping, found.mapping_site) or read
     if not gates or (found.dtypes and all(f.is_float32 for f in found.dtypes)):
         return None
     module = context.module
@@ -67,3 +74,21 @@ def _gate_keys(
     if not isinstance(mapping, (cst.Dict, cst.DictComp, cst.Name, cst.Attribute, cst.Call)):
         return []
     return sorted(k for k in known_keys(prov, mapping, site) if context.gate_caches.matches(k))
+
+
+def _read_gate_keys(context: FileContext, call: cst.Call, site: Site) -> list[str]:
+    """The gate-cache keys the code reads the result of ``call`` under, for ``target = call``
+    with a mapping argument whose keys are not known."""
+    statement = site.statement
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        statement = statement.body[0]
+    if not (
+        isinstance(statement, cst.Assign)
+        and statement.value is call
+        and len(statement.targets) == 1
+        and isinstance(target := statement.targets[0].target, (cst.Name, cst.Attribute))
+        and isinstance(call.func, (cst.Name, cst.Attribute))
+        and len(call.args) >= 2
+    ):
+        return []
+    return sorted(gate_keys_read(context, target, site))

@@ -501,6 +501,8 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
             within = self.provenance.within
             if any(d.code == self.CODE and within(d.node, statement) for d in self.context.drafts):
                 return True  # the parameter this setting reaches is reported on its line already
+            if any(d.code == "RL001" and within(d.node, statement) for d in self.context.drafts):
+                return True  # the setting resolves to a literal, reported as that
             self._settings.append(statement)
         fix = self.setting_fix(borrowed, site)
         whose = (

@@ -459,7 +459,8 @@ copies, so a view of the caller's tensor stops sharing its storage.
                 continue
             subject = self.subject(binding)
             if isinstance(fact.target, CastValue):
-                message = f"{subject} is {fact.detail}, which is not known to be float32"
+                made = "allocated in " if fact.detail.startswith("the dtype of") else ""
+                message = f"{subject} is {made}{fact.detail}, which is not known to be float32"
                 action = "Cast the copy with .to({float32})"
             else:
                 message = f"{subject} is allocated without a dtype, so it takes {fact.detail}"

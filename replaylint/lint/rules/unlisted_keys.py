@@ -30,7 +30,7 @@ from replaylint.lint.syntax.nodes import dotted_name, string_key
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants, syntax_children
 
-__all__ = ["UNLISTED_INVALID", "UNLISTED_VALID", "unlisted_iterations"]
+__all__ = ["UNLISTED_INVALID", "UNLISTED_VALID", "gate_keys_read", "unlisted_iterations"]
 
 _KEYED_READS = frozenset({"get", "pop"})
 
@@ -50,11 +50,7 @@ def unlisted_iterations(
         return None
     if not isinstance(mapping, (cst.Name, cst.Attribute)):
         return None
-    scope: cst.CSTNode = site.scope
-    if isinstance(mapping, cst.Attribute):
-        scope = site.enclosing_class() or context.module
-    written = context.module.code_for_node(mapping)
-    gates = _gate_keys(context, scope, written, site)
+    gates = gate_keys_read(context, mapping, site)
     if not gates:
         return None
     prov = context.provenance
@@ -67,9 +63,14 @@ def unlisted_iterations(
     return result or None
 
 
-def _gate_keys(context: FileContext, scope: cst.CSTNode, written: str, site: Site) -> set[str]:
-    """The gate-cache keys ``scope`` reads the mapping spelled ``written`` under, less those it
-    writes under its own key."""
+def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site: Site) -> set[str]:
+    """The gate-cache keys the code uses ``mapping`` (a local, or an attribute) as holding,
+    less those it writes under their own key (see the module docstring): a local's function
+    decides, an attribute's class (or module)."""
+    scope: cst.CSTNode = site.scope
+    if isinstance(mapping, cst.Attribute):
+        scope = site.enclosing_class() or context.module
+    written = context.module.code_for_node(mapping)
     module, gate_caches = context.module, context.gate_caches
     targets: set[int] = set()
     guarded: set[int] = set()  # `if "g" not in rings: rings["g"] = ...` fills a missing entry
