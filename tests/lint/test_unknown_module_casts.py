@@ -418,3 +418,65 @@ def test_parts_a_method_installs_in_each_layer_from_a_class_or_its_default(
     # `cache_cls or ReplayCache` may build a ReplayCache; caches set up after the cast are
     # allocated in their own dtypes
     assert [row for path, row, code in found if path == "pkg/loader.py"] == [9]
+
+
+_ATTACH_MODEL = """
+import torch
+from torch import nn
+
+
+class RingCache(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+
+
+class GraphRingCache(RingCache):
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.g_cache = self.g_cache.float()
+        return self
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def attach_rings(self, n, graph=False):
+        cls = GraphRingCache if graph else RingCache
+        self.ring_cache = cls(n)
+"""
+
+_ATTACH_CASTS = """
+import torch
+
+from .model import Model
+
+
+def graph_rings():
+    model = Model()
+    model.attach_rings(4, graph=True)
+    return model.to(dtype=torch.bfloat16)
+
+
+def plain_rings():
+    model = Model()
+    model.attach_rings(4, graph=False)
+    return model.to(dtype=torch.bfloat16)
+
+
+def chosen_by_the_caller(graph):
+    model = Model()
+    model.attach_rings(4, graph=graph)
+    return model.to(dtype=torch.bfloat16)
+"""
+
+
+def test_a_choice_of_part_classes_picked_by_a_literal_argument(tmp_path: Path) -> None:
+    found = _findings(
+        tmp_path, _package({"pkg/model.py": _ATTACH_MODEL, "pkg/casts.py": _ATTACH_CASTS})
+    )
+    # `graph=True` picks the class that keeps its gate buffer float32; `graph=False` and a
+    # value the analysis does not know may pick the one a cast converts
+    assert [row for path, row, code in found if path == "pkg/casts.py"] == [15, 21]

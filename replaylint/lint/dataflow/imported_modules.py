@@ -26,6 +26,7 @@ from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CH
 from replaylint.lint.dataflow.new_instances import (
     constructed_here,
     handed_on,
+    method_flags,
     methods_called,
     methods_called_after,
 )
@@ -86,11 +87,8 @@ def imported_gate_buffer(
             return None
         # a module made in this scope holds what its methods called here install; one handed in
         # (a parameter, an attribute) may have had any of them run
-        called = (
-            methods_called(receiver, site)
-            if _made_in_scope(prov, receiver, site) and not handed_on(receiver, site)
-            else None
-        )
+        known_calls = _made_in_scope(prov, receiver, site) and not handed_on(receiver, site)
+        called = methods_called(receiver, site) if known_calls else None
         fresh = constructed_here(
             prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
         )
@@ -101,6 +99,7 @@ def imported_gate_buffer(
             called,
             fresh=fresh,
             reinstalled=methods_called_after(receiver, site),
+            flags=method_flags(receiver, site) if known_calls else None,
         )
     except MALFORMED:
         return None

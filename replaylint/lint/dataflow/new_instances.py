@@ -44,6 +44,49 @@ def methods_called(receiver: cst.BaseExpression, site: Site) -> frozenset[str]:
     return frozenset(called)
 
 
+def method_flags(receiver: cst.BaseExpression, site: Site) -> dict[str, dict[str, object]]:
+    """Per method the scope calls on the name ``receiver`` is before the statement at ``site``,
+    the literal keyword arguments of the call (``model.attach_rings(n, graph=True)``); a
+    method called twice with different values has none for that keyword."""
+    while isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute):
+        receiver = receiver.func.value
+    if not isinstance(receiver, cst.Name):
+        return {}
+    flags: dict[str, dict[str, object]] = {}
+    clashing: set[tuple[str, str]] = set()
+    for node in descendants(site.scope):
+        if node is site.statement:
+            break
+        method = _method_called_on(node, receiver.value)
+        if method is None:
+            continue
+        assert isinstance(node, cst.Call)
+        passed = flags.setdefault(method, {})
+        for arg in node.args:
+            if arg.keyword is None:
+                continue
+            known, value = _literal(arg.value)
+            key = arg.keyword.value
+            if not known or (key in passed and passed[key] != value):
+                clashing.add((method, key))
+            else:
+                passed[key] = value
+    for method, key in clashing:
+        flags.get(method, {}).pop(key, None)
+    return flags
+
+
+def _literal(expr: cst.BaseExpression) -> tuple[bool, object]:
+    """``(True, value)`` of a literal ``True``, ``False``, ``None``, string or integer."""
+    if isinstance(expr, cst.Name) and expr.value in {"True", "False", "None"}:
+        return True, {"True": True, "False": False, "None": None}[expr.value]
+    if isinstance(expr, cst.SimpleString):
+        return True, expr.evaluated_value
+    if isinstance(expr, cst.Integer):
+        return True, int(expr.value, 0)
+    return False, None
+
+
 def _method_called_on(node: cst.CSTNode, name: str) -> str | None:
     """The method ``node`` calls on the name ``name`` (``model.setup_caches(...)``), if any."""
     if (

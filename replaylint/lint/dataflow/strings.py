@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.own_buffers import own_buffer_items
 from replaylint.lint.dataflow.record_names import asdict_fields, record_fields_named
 from replaylint.lint.syntax.nodes import (
     class_body_values,
+    constant_slice,
     literal_string,
     method_name,
     positional_args,
@@ -265,6 +267,19 @@ def _literal_items(
         if any(isinstance(e, cst.StarredElement) for e in expr.elements):
             return None
         return [(e.value, site) for e in expr.elements]
+    if isinstance(expr, (cst.ListComp, cst.GeneratorExp)) and isinstance(expr.elt, cst.Name):
+        loop = expr.for_in  # `[name for name, _ in self.named_buffers()]`: one per item
+        items = (
+            None
+            if loop.ifs or loop.inner_for_in
+            else _literal_items(prov, loop.iter, site, depth + 1)
+        )
+        picked = [
+            (_picked(prov, loop.target, item, at, expr.elt.value), at) for item, at in items or ()
+        ]
+        if items is None or any(value is None for value, _ in picked):
+            return None
+        return [(value, at) for value, at in picked if value is not None]
     if isinstance(expr, cst.Dict):
         keys = [e.key for e in expr.elements if isinstance(e, cst.DictElement)]
         return None if len(keys) != len(expr.elements) else [(k, site) for k in keys]
@@ -291,13 +306,16 @@ def _literal_items(
         texts = _project_strings(prov, expr, site)  # `ReplayCache.float_buffers` of an import
         if texts is not None and not texts[0]:
             return [(cst.SimpleString(repr(t)), site) for t in texts[1]]
-    cut = _constant_slice(expr)
+    cut = constant_slice(expr)
     if cut is not None:  # `RINGS[:3]`
         assert isinstance(expr, cst.Subscript)
         whole = _literal_items(prov, expr.value, site, depth + 1)
         return None if whole is None else whole[cut]
     if not isinstance(expr, cst.Call):
         return None
+    owned = own_buffer_items(expr, site)  # `self.named_buffers()` of a class's own buffers
+    if owned is not None:
+        return owned
     args = positional_args(expr)
     returned = _returned_literal(prov, expr, site)
     if returned is not None:  # `names()`, `self.rings()`: a function of the module returns it
@@ -431,31 +449,6 @@ def _comprehended_items(
     return [(_pair(key, mapping.value), site) for key in written]
 
 
-def _constant_slice(expr: cst.BaseExpression) -> slice | None:
-    """The slice of ``names[1:3]``, ``names[:-1]``, when every bound is an integer literal."""
-    if not (
-        isinstance(expr, cst.Subscript)
-        and len(expr.slice) == 1
-        and isinstance(expr.slice[0].slice, cst.Slice)
-    ):
-        return None
-    part = expr.slice[0].slice
-    bounds: list[int | None] = []
-    for bound in (part.lower, part.upper, part.step):
-        if bound is None:
-            bounds.append(None)
-            continue
-        sign = 1
-        if isinstance(bound, cst.UnaryOperation) and isinstance(bound.operator, cst.Minus):
-            sign, bound = -1, bound.expression
-        if not isinstance(bound, cst.Integer):
-            return None
-        bounds.append(sign * int(bound.evaluated_value))
-    if bounds[2] == 0:
-        return None  # a zero step raises
-    return slice(*bounds)
-
-
 def _zipped_items(
     prov: Provenance, mapping: cst.Call, site: Site, method: str, depth: int
 ) -> list[tuple[cst.BaseExpression, Site]] | None:
@@ -543,6 +536,16 @@ def _match(
     ):
         for sub_target, sub_item in zip(target.elements, item.elements, strict=True):
             _match(prov, sub_target.value, sub_item.value, site, env)
+
+
+def _picked(
+    prov: Provenance, target: cst.BaseExpression, item: cst.BaseExpression, site: Site, name: str
+) -> cst.BaseExpression | None:
+    """What the loop variable ``name`` of ``target`` holds for ``item``, as an expression."""
+    env: Iteration = {}
+    _match(prov, target, item, site, env)
+    value = env.get(name)
+    return cst.SimpleString(repr(value)) if isinstance(value, str) else getattr(value, "expr", None)
 
 
 def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:

@@ -10,7 +10,7 @@ module of the project) registers, unless a class on the way decides itself what 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -37,6 +37,8 @@ GENERIC_MODULE = re.compile(
 ``self`` or of a receiver named like a model (a file that also has a :data:`MODULE_CAST_CALL`
 may cast one)."""
 
+Flags = Mapping[str, Mapping[str, object]]
+"""Per method called on an instance, the literal keyword arguments of the call."""
 Matches = Callable[[str], bool]
 """Whether a name is a gate cache's."""
 
@@ -85,6 +87,7 @@ def class_gate_buffer(
     *,
     fresh: bool = False,
     reinstalled: frozenset[str] = frozenset(),
+    flags: Flags | None = None,
 ) -> ImportedGateBuffer | None:
     """The gate buffer (one of ``names``) that a cast of an instance of the project class
     ``found`` converts; None when there is none or a class on the way keeps it float32.
@@ -92,9 +95,13 @@ def class_gate_buffer(
     installs (``model.setup_caches(...)``); None counts every such part. ``fresh``: the instance
     was just constructed, so only buffers its constructors register count. ``reinstalled``: the
     methods surely called on it after the cast: the parts they install are made again, and what
-    the cast did to the old ones does not last."""
+    the cast did to the old ones does not last. ``flags``: per method called, the literal
+    keyword arguments it was called with (``graph=True``), which pick among a method's choice of
+    part classes."""
     try:
-        return _gate_buffer(index, matches, found, 0, set(), called, fresh, reinstalled)
+        return _gate_buffer(
+            index, matches, found, 0, set(), called, fresh, reinstalled, flags or {}
+        )
     except MALFORMED:
         return None
 
@@ -171,6 +178,7 @@ def _gate_buffer(
     called: frozenset[str] | None,
     fresh: bool = False,
     reinstalled: frozenset[str] = frozenset(),
+    flags: Flags | None = None,
 ) -> ImportedGateBuffer | None:
     key = (found.module, found.name)
     facts = _facts(found)
@@ -191,7 +199,7 @@ def _gate_buffer(
         if parent_facts is not None and _keeps(parent_facts, matches):
             return None  # a guarded base keeps what it and its subclasses hold float32
         inherited = _gate_buffer(
-            index, matches, parent, depth + 1, seen, called, fresh, reinstalled
+            index, matches, parent, depth + 1, seen, called, fresh, reinstalled, flags
         )
         if inherited is not None:
             return ImportedGateBuffer(
@@ -199,18 +207,22 @@ def _gate_buffer(
             )
     installs = facts.get("installs", ())
     installed = [
-        (attribute, callees)
+        (attribute, callees, method)
         for attribute, callees, method in installs
         if called is None or method in called
     ]
     made_again = {attribute for attribute, _, method in installs if method in reinstalled}
     # a part's own installers are not known to have run: only its constructed parts count
     inner: frozenset[str] | None = None if called is None else frozenset()
-    for attribute, callees in [*facts["holds"], *installed]:
+    parts = [(attribute, callees, "") for attribute, callees in facts["holds"]]
+    for attribute, callees, method in [*parts, *installed]:
         if attribute in made_again:
             continue
+        passed = (flags or {}).get(method, {}) if method else {}
         for callee in callees:
-            held = _held_part(index, matches, found.module, callee, depth, seen, inner, fresh)
+            held = _held_part(
+                index, matches, found.module, callee, depth, seen, inner, fresh, passed
+            )
             if held is not None:
                 return ImportedGateBuffer(
                     found.name,
@@ -231,13 +243,22 @@ def _held_part(
     seen: set[tuple[str, str]],
     called: frozenset[str] | None,
     fresh: bool = False,
+    passed: Mapping[str, object] | None = None,
 ) -> ImportedGateBuffer | None:
     """The gate buffer a part that ``callee`` builds holds. For a choice of classes
     (``["either", [class, ...]]`` of ``cache_cls = A if static else B``), the first one a
     choice holds: a cast converts it whenever that class is the one chosen, even if another
-    choice keeps its gate buffer float32. Each choice is searched on its own."""
+    choice keeps its gate buffer float32. Each choice is searched on its own. A choice made by
+    a parameter of the installing method (``["flag", parameter, value]``) that the call
+    ``passed`` a literal for is the one class it picks."""
     if callee[0] == "either":
-        for choice in callee[1]:
+        choices = callee[1]
+        flag = callee[3] if len(callee) > 3 else None
+        if flag is not None and len(choices) == 2 and str(flag[1]) in (passed or {}):
+            given = (passed or {})[str(flag[1])]
+            taken = bool(given) if flag[2] is True else given == flag[2]
+            choices = [choices[0] if taken else choices[1]]
+        for choice in choices:
             held = _held_part(index, matches, module, choice, depth, set(seen), called, fresh)
             if held is not None:
                 return held

@@ -73,6 +73,7 @@ def module_facts(
     nodes = list(ast.walk(cls))
     makers = buffer_makers(cls)
     aliases = _class_aliases(nodes)
+    flags = _alias_flags(nodes)
 
     def hold(attribute: str, expr: ast.expr, into: list[Value] | None = None) -> None:
         callees = holds.setdefault(attribute, []) if into is None else into
@@ -86,7 +87,11 @@ def module_facts(
                     callees.append(value_of(made))
                 choices = aliases.get(node.func.id, ()) if isinstance(node.func, ast.Name) else ()
                 if choices:  # `cache_cls(...)` of `cache_cls = A if c else B`: one of them
-                    callees.append(["either", [value_of(choice) for choice in choices], False])
+                    either: Value = ["either", [value_of(choice) for choice in choices], False]
+                    flag = flags.get(node.func.id) if isinstance(node.func, ast.Name) else None
+                    if flag is not None:
+                        either.append(flag)
+                    callees.append(either)
 
     parts = _parts_of_self(nodes)
     method_of = {
@@ -255,6 +260,45 @@ def _may_be_float32(value: ast.expr) -> bool:
             if keyword.arg == "dtype":
                 return dotted(keyword.value).rpartition(".")[2] not in _NOT_FLOAT32
     return True
+
+
+def _alias_flags(nodes: list[ast.AST]) -> dict[str, list[Any]]:
+    """``["flag", parameter, value]`` for a local bound once to ``A if <parameter> else B`` or
+    ``A if <parameter> == <literal> else B`` (``value`` true, or the literal): the first choice
+    is the one made when the method's caller passes that value. A local bound more than once
+    has no flag."""
+    flags: dict[str, list[Any]] = {}
+    bound: dict[str, int] = {}
+    for node in nodes:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        parameters = {a.arg for a in [*node.args.args, *node.args.kwonlyargs]}
+        for statement in ast.walk(node):
+            if not (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+            ):
+                continue
+            name = statement.targets[0].id
+            bound[name] = bound.get(name, 0) + 1
+            value = statement.value
+            if not isinstance(value, ast.IfExp):
+                continue
+            test = value.test
+            if isinstance(test, ast.Name) and test.id in parameters:
+                flags[name] = ["flag", test.id, True]
+            elif (
+                isinstance(test, ast.Compare)
+                and isinstance(test.left, ast.Name)
+                and test.left.id in parameters
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.comparators[0], ast.Constant)
+                and isinstance(test.comparators[0].value, (str, int, bool))
+            ):
+                flags[name] = ["flag", test.left.id, test.comparators[0].value]
+    return {name: flag for name, flag in flags.items() if bound.get(name) == 1}
 
 
 def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:

@@ -25,6 +25,7 @@ from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.gatecache.lists import list_names
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Rule, Valid
+from replaylint.lint.rules.buffer_loops import buffer_comprehension_cast, buffer_loop_cast
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
 from replaylint.lint.rules.fromkeys_tables import (
     FROMKEYS_INVALID,
@@ -333,6 +334,8 @@ they were (safe).
             return
         for loop in reversed(loops):
             site = self.site()
+            if _casts_a_module(loop.node):
+                return  # RL004's: the loop casts every buffer of a module
             iterations = self._iterations(loop)
             unlisted = iterations is None and isinstance(mapping, cst.BaseExpression)
             if unlisted:
@@ -532,3 +535,13 @@ def _telling_variable(
         if gate_values.isdisjoint(other_values):
             return variable
     return None
+
+
+def _casts_a_module(loop: cst.CSTNode) -> bool:
+    """``for name, buf in model.named_buffers(): setattr(model, name, buf.half())`` and its
+    comprehensions: a module cast, reported as one."""
+    if isinstance(loop, cst.For):
+        return buffer_loop_cast(loop) is not None
+    if isinstance(loop, (cst.DictComp, cst.ListComp, cst.GeneratorExp)):
+        return buffer_comprehension_cast(loop) is not None
+    return False

@@ -228,3 +228,28 @@ def getattr_name(call: cst.Call) -> cst.BaseExpression | None:
     ):
         return held.args[1].value
     return None
+
+
+def constant_slice(expr: cst.BaseExpression) -> slice | None:
+    """The slice of ``names[1:3]``, ``names[:-1]``, when every bound is an integer literal."""
+    if not (
+        isinstance(expr, cst.Subscript)
+        and len(expr.slice) == 1
+        and isinstance(expr.slice[0].slice, cst.Slice)
+    ):
+        return None
+    part = expr.slice[0].slice
+    bounds: list[int | None] = []
+    for bound in (part.lower, part.upper, part.step):
+        if bound is None:
+            bounds.append(None)
+            continue
+        sign = 1
+        if isinstance(bound, cst.UnaryOperation) and isinstance(bound.operator, cst.Minus):
+            sign, bound = -1, bound.expression
+        if not isinstance(bound, cst.Integer):
+            return None
+        bounds.append(sign * int(bound.evaluated_value))
+    if bounds[2] == 0:
+        return None  # a zero step raises
+    return slice(*bounds)
