@@ -4,6 +4,7 @@ modules of the project."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,45 @@ def new_pool(shapes, dtype):
     assert [(f.location.row, f.code) for f in findings] == [(14, "RL006")]
     fixed = Linter().fix(source, "example.py", unsafe=True).source
     assert 'make_rings({"g_cache": shapes["g_cache"]}, torch.float32)' in fixed
+
+
+_FILLED = """
+import torch
+
+
+def make_rings(shapes, dtype):
+    \"\"\"One zeroed ring per name.\"\"\"
+    rings = {}
+    for name, shape in shapes.items():
+        rings[name] = torch.zeros(shape, dtype=dtype)
+    return rings
+"""
+
+
+def test_the_summary_of_a_dict_filled_in_a_loop() -> None:
+    summary = summarise(ast.parse(_FILLED))["names"]["make_rings"]
+    assert summary[3][0] == "per_key"
+    assert summary[3][2][3] == [["dtype", ["param", "dtype"]]]
+    # a loop that also filters, or writes the dict twice, is not a plain per-key fill
+    filtered = _FILLED.replace("        rings[name]", "        if name:\n            rings[name]")
+    assert summarise(ast.parse(filtered))["names"]["make_rings"][3][0] != "per_key"
+
+
+def test_a_helper_that_fills_a_dict_in_a_loop(tmp_path: Path) -> None:
+    user = """from .filled import make_rings
+
+
+def here(n, dtype):
+    return make_rings({"d_cache": (n,), "g_cache": (n,)}, dtype)
+
+
+def no_gate(n, dtype):
+    return make_rings({"d_cache": (n,)}, dtype)
+"""
+    files = {"pkg/__init__.py": "", "pkg/filled.py": _FILLED, "pkg/user.py": user}
+    rows = [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
+    assert rows == [(5, "RL006")]
+    same_module = (
+        _FILLED + '\n\ndef here(n, dtype):\n    return make_rings({"g_cache": (n,)}, dtype)\n'
+    )
+    assert [f.code for f in Linter().check(same_module, "example.py")] == ["RL006"]

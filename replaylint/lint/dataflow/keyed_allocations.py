@@ -79,7 +79,7 @@ def _module_helper(
     if len(returns) != 1 or returns[0][0].value is None:
         return None
     comprehension = returns[0][0].value
-    shape = _per_key(comprehension)
+    shape = _per_key(comprehension) or _filled_per_key(function, comprehension)
     if shape is None:
         return None
     mapping_name, element = shape
@@ -197,6 +197,61 @@ def _per_key(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:
     ):
         return None
     return source.value, value.value
+
+
+def _filled_per_key(
+    function: cst.FunctionDef, returned: cst.BaseExpression
+) -> tuple[str, cst.Call] | None:
+    """``M = {}``, ``for k, v in P.items(): M[k] = <call>``, ``return M``: ``(P, <call>)`` (the
+    plain form :mod:`replaylint.lint.project.filled_mappings` reads for other modules)."""
+    body = list(function.body.body) if isinstance(function.body, cst.IndentedBlock) else []
+    if body and _is_docstring(body[0]):
+        body = body[1:]
+    if len(body) != 3 or not isinstance(returned, cst.Name):
+        return None
+    made, loop = _only_statement(body[0]), body[1]
+    if not (
+        isinstance(made, cst.Assign)
+        and len(made.targets) == 1
+        and isinstance(made.targets[0].target, cst.Name)
+        and made.targets[0].target.value == returned.value
+        and isinstance(made.value, cst.Dict)
+        and not made.value.elements
+        and isinstance(loop, cst.For)
+        and loop.orelse is None
+        and isinstance(loop.body, cst.IndentedBlock)
+        and len(loop.body.body) == 1
+    ):
+        return None
+    write = _only_statement(loop.body.body[0])
+    if not (
+        isinstance(write, cst.Assign)
+        and len(write.targets) == 1
+        and isinstance(target := write.targets[0].target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and target.value.value == returned.value
+        and len(target.slice) == 1
+        and isinstance(index := target.slice[0].slice, cst.Index)
+        and isinstance(index.value, cst.Name)
+    ):
+        return None
+    comprehension = cst.DictComp(
+        key=index.value,
+        value=write.value,
+        for_in=cst.CompFor(target=loop.target, iter=loop.iter),
+    )
+    return _per_key(comprehension)
+
+
+def _only_statement(line: cst.BaseStatement) -> cst.BaseSmallStatement | cst.BaseStatement:
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return line.body[0]
+    return line
+
+
+def _is_docstring(line: cst.BaseStatement) -> bool:
+    statement = _only_statement(line)
+    return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.SimpleString)
 
 
 def _zipped_values(value: cst.BaseExpression) -> tuple[str, cst.Call] | None:

@@ -52,6 +52,8 @@ def from_numpy_facts(
         return
     array = args[0].value
     numpy = _numpy_origin(prov, array, site, env)
+    if numpy is None and is_loaded(prov, array, site, env):
+        numpy = "loaded"  # an array of a pickled or saved payload: the dtype it was saved with
     if numpy == "float32":
         yield TensorFact(Kind.FLOAT32, call)
     elif numpy == "loaded":
@@ -246,7 +248,11 @@ def _iterated(statement: cst.CSTNode, target: cst.CSTNode) -> cst.BaseExpression
     if not isinstance(statement, cst.For):
         return None
     iterable = statement.iter
-    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute):
+    if (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Attribute)
+        and iterable.func.attr.value in {"values", "items", "keys"}
+    ):
         method, container = iterable.func.attr.value, iterable.func.value
         if method == "values" and statement.target is target:
             return container
@@ -255,6 +261,7 @@ def _iterated(statement: cst.CSTNode, target: cst.CSTNode) -> cst.BaseExpression
             if len(elements) == 2 and elements[1].value is target:
                 return container
         return None
+    # `for layer in entry.pop("layers")`, `for t in blob`: the elements of what is iterated
     return iterable if statement.target is target else None
 
 

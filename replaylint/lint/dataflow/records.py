@@ -21,6 +21,7 @@ from replaylint.lint.dataflow.scopes import Binding
 from replaylint.lint.dataflow.strings import Env, bound_in
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import (
+    constant_slice,
     dotted_name,
     keyword_arg,
     plain_elements,
@@ -228,7 +229,13 @@ def elements(
     prov: Provenance, sequence: cst.BaseExpression, site: Site, env: Env
 ) -> list[FieldValue] | None:
     """Every element ``*sequence`` passes, in order, when their number is known (a literal tuple
-    or list, a record built in the module); None otherwise."""
+    or list, a record built in the module, a slice with literal bounds of one: ``*bufs[1:4]``);
+    None otherwise."""
+    cut = constant_slice(sequence)
+    if cut is not None:
+        assert isinstance(sequence, cst.Subscript)
+        whole = elements(prov, sequence.value, site, env)
+        return None if whole is None else whole[cut]
     length = sequence_length(prov, sequence, site, env)
     if length is None:
         return None
@@ -249,6 +256,11 @@ def sequence_length(
     a NamedTuple built in the module."""
     if depth > _MAX_DEPTH:
         return None
+    cut = constant_slice(sequence)
+    if cut is not None:
+        assert isinstance(sequence, cst.Subscript)
+        whole = sequence_length(prov, sequence.value, site, env, depth + 1)
+        return None if whole is None else len(range(whole)[cut])
     if isinstance(sequence, cst.Name):
         found = prov.lookup(sequence.value, site, env)
         if found and len(found) == 1:

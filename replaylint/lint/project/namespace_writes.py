@@ -31,6 +31,21 @@ def imports_module(value: ast.expr) -> bool:
     return isinstance(value, ast.Subscript) and dotted(value.value) == "sys.modules"
 
 
+def instance_setattr(receiver: ast.expr, call: ast.Call) -> bool:
+    """``super().__setattr__(name, v)``, ``object.__setattr__(self, name, v)``,
+    ``self.__setattr__(name, v)``: an instance's attribute, never a name of a module."""
+    if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name):
+        return receiver.func.id == "super"
+    if is_instance(receiver):
+        return True
+    return (
+        isinstance(receiver, ast.Name)
+        and receiver.id == "object"
+        and bool(call.args)
+        and is_instance(call.args[0])
+    )
+
+
 def is_instance(node: ast.expr) -> bool:
     """``self`` or ``cls``: ``setattr(self, name, v)`` sets an attribute of an instance or
     class, never a name of a module."""

@@ -22,10 +22,9 @@ name, shape in shapes.items()}``), where ``v`` reads the key as ``["loop", "key"
 as ``["loop", "value"]``; ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
-``try``, a loop), declared ``global`` in a function, deleted or mutated in place
-(``TABLE[k] = v``, ``TABLE.update(...)``) is ``unknown``. A function whose body is straight-line
-(locals bound once, then one ``return``) is summarised by what it returns; one with several
-``return`` statements by the values they may return, in which its locals are unknown.
+``try``, a loop), declared ``global``, deleted or mutated in place (``TABLE[k] = v``) is
+``unknown``. A straight-line function body (locals bound once, one ``return``) is summarised by
+what it returns, one with several ``return`` statements by what they may return.
 """
 
 from __future__ import annotations
@@ -33,6 +32,8 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from replaylint.lint.project import namespace_writes as nw
+from replaylint.lint.project.filled_mappings import filled_mapping
 from replaylint.lint.project.module_casters import module_casters
 from replaylint.lint.project.module_facts import (
     constructors,
@@ -212,7 +213,7 @@ class _Summariser:
                     # `vars(obj)` reads an object's attributes, not the module's names
                     self.dynamic = self.dynamic or not (func.id == "vars" and node.args)
                 elif isinstance(func, ast.Attribute):
-                    if func.attr == "__setattr__":
+                    if func.attr == "__setattr__" and not nw.instance_setattr(func.value, node):
                         self.assigned.add("*")
                         self.writes_names = True
                     elif func.attr in _MUTATORS and isinstance(func.value, ast.Name):
@@ -277,6 +278,8 @@ class _Summariser:
         if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
             return self._branching_result(function, params)
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
+        if (filled := filled_mapping(body)) is not None:  # a dict filled in a loop
+            return _Values(self, locals_).value(filled)
         for statement in body[:-1]:
             if isinstance(statement, ast.Assert):
                 continue  # `assert ret is not None, ...`: the value returned is the same

@@ -17,6 +17,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, literal_names
@@ -35,11 +36,15 @@ def report_cast_read(rule: Rule, call: cst.Call) -> None:
     float32 for a computation."""
     if method_name(call) not in _CASTS or not isinstance(call.func, cst.Attribute):
         return
-    read = _gate_read(rule, call.func.value)
     site = rule.site()
-    if read is None or site.statement is None:
+    if site.statement is None:
         return
-    if _judged_elsewhere(rule, call, _path(site.statement, call)):
+    parents = _path(site.statement, call)
+    read = _gate_read(rule, call.func.value, parents)
+    if read is None:
+        return
+    stored = _stored(parents, rule.context.gate_caches, _named(rule, read))
+    if _covered(rule, call) or (not stored and _judged_elsewhere(rule, call, parents)):
         return
     facts = rule.provenance.tensor_facts(call, site)
     if not facts or any(f.kind is not Kind.CAST for f in facts):
@@ -48,11 +53,11 @@ def report_cast_read(rule: Rule, call: cst.Call) -> None:
     target = literal_names(literals) if literals else "a dtype that is not provably float32"
     made = rule.context.spelling.edits_for(facts[0].target, site) if facts[0].target else None
     fix = made and FixDraft(f"Cast to {rule.float32(site)} instead", made[0], Applicability.UNSAFE)
+    purpose = "and stored (a copy" if stored else "for a computation (which"
     rule.report(
         call,
         f"gate cache `{one_line(rule.context.module, read)}` is read and cast to {target} "
-        f"by `{_shown(rule, call)}` for a computation, which loses the precision the ring "
-        f"keeps; {WHY}",
+        f"by `{_shown(rule, call)}` {purpose} loses the precision the ring keeps); {WHY}",
         fix=fix,
     )
 
@@ -75,8 +80,88 @@ def _path(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
     return []
 
 
-def _gate_read(rule: Rule, expr: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The gate cache ``expr`` reads (itself, an element or slice of it, a view of it)."""
+def _named(rule: Rule, read: cst.BaseExpression) -> bool:
+    name = binding_name(read)
+    return name is not None and rule.context.gate_caches.matches(name)
+
+
+def _covered(rule: Rule, call: cst.Call) -> bool:
+    within = rule.provenance.within
+    return any(within(d.node, call) or within(call, d.node) for d in rule.context.drafts)
+
+
+def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> bool:
+    """Whether the cast's result is kept as a copy of the ring's rows: appended to a list
+    (``out.append(g[idx].half())``), or a value of a list or dict literal that is (a payload, a
+    snapshot) or that a function returns, with no computation on the way. A literal's own key
+    naming a gate cache is judged as that binding instead."""
+    contained = False
+    for parent in reversed(parents):
+        if isinstance(parent, (cst.Element, cst.List, cst.Tuple, cst.DictElement, cst.Dict)):
+            key = parent.key if isinstance(parent, cst.DictElement) else None
+            if isinstance(key, cst.SimpleString) and names.matches(str(key.evaluated_value)):
+                return False  # `{"g_cache": ...}`: a gate cache of its own, checked there
+            contained = True
+            continue
+        if isinstance(parent, (cst.ListComp, cst.GeneratorExp)):
+            contained = True
+            continue
+        if isinstance(parent, cst.Arg):
+            continue
+        if isinstance(parent, cst.Call):
+            return method_name(parent) == "append"
+        # `return [g[idx].half() for g in self.g_cache]`: copies handed out (a gate-cache name
+        # returned cast is judged with the function's returns)
+        return contained and isinstance(parent, cst.Return) and not named
+    return False
+
+
+def _loop_source(name: str, parents: list[cst.CSTNode], rule: Rule) -> cst.BaseExpression | None:
+    """What the loop variable ``name`` iterates over, element by element: ``self.g_cache`` of
+    ``for g in self.g_cache``, of ``for d, g in zip(self.d_cache, self.g_cache)``, of
+    ``enumerate(self.g_cache)``, in a comprehension or a ``for`` statement."""
+    loops: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    for parent in reversed(parents):
+        if isinstance(parent, (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp)):
+            loops.append((parent.for_in.target, parent.for_in.iter))
+    found = rule.provenance.lookup(name, rule.site())
+    if found and len(found) == 1 and found[0][0].kind == "loop":
+        statement = found[0][0].statement
+        if isinstance(statement, cst.For):
+            loops.append((statement.target, statement.iter))
+    for target, iterable in loops:
+        source = _element_source(target, iterable, name)
+        if source is not None:
+            return source
+    return None
+
+
+def _element_source(
+    target: cst.BaseExpression, iterable: cst.BaseExpression, name: str
+) -> cst.BaseExpression | None:
+    if isinstance(target, cst.Name):
+        return iterable if target.value == name else None
+    if not isinstance(target, cst.Tuple) or not isinstance(iterable, cst.Call):
+        return None
+    func, args = iterable.func, [a.value for a in iterable.args if not a.keyword and not a.star]
+    elements = [e.value for e in target.elements]
+    if isinstance(func, cst.Name) and func.value == "zip" and len(args) == len(elements):
+        pairs = list(zip(elements, args, strict=True))
+    elif isinstance(func, cst.Name) and func.value == "enumerate" and len(elements) == 2 and args:
+        pairs = [(elements[1], args[0])]
+    else:
+        return None
+    for element, source in pairs:
+        if isinstance(element, cst.Name) and element.value == name:
+            return source
+    return None
+
+
+def _gate_read(
+    rule: Rule, expr: cst.BaseExpression, parents: list[cst.CSTNode]
+) -> cst.BaseExpression | None:
+    """The gate cache ``expr`` reads (itself, an element or slice of it, a view of it, a loop
+    variable over its elements)."""
     names = rule.context.gate_caches
     for _ in range(8):
         if isinstance(expr, cst.Subscript):
@@ -89,6 +174,10 @@ def _gate_read(rule: Rule, expr: cst.BaseExpression) -> cst.BaseExpression | Non
     if not isinstance(expr, (cst.Name, cst.Attribute)):
         return None
     name = binding_name(expr)
+    if isinstance(expr, cst.Name) and name is not None and not names.matches(name):
+        source = _loop_source(name, parents, rule)  # `for g in self.g_cache`: one ring each
+        ring = binding_name(source) if isinstance(source, (cst.Name, cst.Attribute)) else None
+        return expr if ring is not None and names.matches(ring) else None
     if name is None or not names.matches(name) or names.is_plural(name):
         return None
     if rule.provenance.is_mapping(name, rule.site(), one_line(rule.context.module, expr)):
@@ -97,12 +186,9 @@ def _gate_read(rule: Rule, expr: cst.BaseExpression) -> cst.BaseExpression | Non
 
 
 def _judged_elsewhere(rule: Rule, call: cst.Call, parents: list[cst.CSTNode]) -> bool:
-    """Whether the cast's result is bound, passed or stored where another check judges it, or a
-    finding covers it already: only a result that a computation uses at once (a method called
-    on it, an operand) or that a local not named for a gate cache takes is reported here."""
-    within = rule.provenance.within
-    if any(within(d.node, call) or within(call, d.node) for d in rule.context.drafts):
-        return True
+    """Whether the cast's result is bound, passed or stored where another check judges it: only
+    a result that a computation uses at once (a method called on it, an operand) or that a
+    local not named for a gate cache takes is reported here."""
     parent = parents[-1] if parents else None
     if isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
         targets = (
@@ -160,5 +246,29 @@ READ_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="`cache.g_cache` is read and cast to a dtype that is not provably "
         "float32 by `.to(cache.state.dtype)`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        class Pool:
+            def export_states(self, idx):
+                payload = []
+                for d, gate in zip(self.d_cache, self.g_cache):
+                    payload.append({"d": d[idx].clone(), "gate": gate[idx].to(self.wire_dtype)})
+                return payload
+        """,
+        expected_fix="""
+        import torch
+
+        class Pool:
+            def export_states(self, idx):
+                payload = []
+                for d, gate in zip(self.d_cache, self.g_cache):
+                    payload.append({"d": d[idx].clone(), "gate": gate[idx].to(torch.float32)})
+                return payload
+        """,
+        message_contains="gate cache `gate` is read and cast to a dtype that is not provably "
+        "float32 by `.to(self.wire_dtype)` and stored",
     ),
 )

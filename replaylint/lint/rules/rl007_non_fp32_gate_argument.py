@@ -19,7 +19,7 @@ from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import ARGUMENT_FIX_SAFETY, literal_names
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, one_line
+from replaylint.lint.syntax.nodes import binding_name, dotted_name, keyword_arg, one_line
 from replaylint.lint.syntax.sites import Site
 
 
@@ -361,6 +361,55 @@ a cast of the load — that the message names.
             """,
             message_contains="the dtype of `self.d_buf`, a ring this call passes",
         ),
+        Invalid(
+            """
+            import torch
+            from typing import NamedTuple
+
+            class WarmupBuffers(NamedTuple):
+                state: torch.Tensor
+                d: torch.Tensor
+                k: torch.Tensor
+                decay: torch.Tensor
+
+            def warmup(model, x, n, hv, dim):
+                dt = model.config.torch_dtype
+                bufs = WarmupBuffers(
+                    torch.zeros((n, hv, dim, dim), dtype=torch.float32),
+                    torch.zeros((n, hv, 8, dim), dtype=dt),
+                    torch.zeros((n, hv, 8, dim), dtype=dt),
+                    torch.zeros((n, hv, 8, dim), dtype=dt),
+                )
+                for m in model.kda_modules():
+                    kda_replayssm_decode(
+                        x, x, x, m.A_log, m.dt_bias, m.scale, bufs.state, *bufs[1:4], x, None, None
+                    )
+            """,
+            expected_fix="""
+            import torch
+            from typing import NamedTuple
+
+            class WarmupBuffers(NamedTuple):
+                state: torch.Tensor
+                d: torch.Tensor
+                k: torch.Tensor
+                decay: torch.Tensor
+
+            def warmup(model, x, n, hv, dim):
+                dt = model.config.torch_dtype
+                bufs = WarmupBuffers(
+                    torch.zeros((n, hv, dim, dim), dtype=torch.float32),
+                    torch.zeros((n, hv, 8, dim), dtype=dt),
+                    torch.zeros((n, hv, 8, dim), dtype=dt),
+                    torch.zeros((n, hv, 8, dim), dtype=torch.float32),
+                )
+                for m in model.kda_modules():
+                    kda_replayssm_decode(
+                        x, x, x, m.A_log, m.dt_bias, m.scale, bufs.state, *bufs[1:4], x, None, None
+                    )
+            """,
+            message_contains="the gate cache `*bufs[1:4]` passes to `kda_replayssm_decode`",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -386,6 +435,9 @@ a cast of the load — that the message names.
     ) -> None:
         facts = self.provenance.tensor_facts(passed.value, passed.site)
         wrong = [fact for fact in facts if _provably_not_float32(fact)]
+        for fact in facts:
+            if not wrong and self._unnamed_variable(fact, passed):
+                self._report_variable(call, passed, fact)
         to_rings: dict[int, PassedValue] = {}
         for fact in facts:
             ring = self._cast_to_a_ring(fact, passed_rings) if fact not in wrong else None
@@ -466,6 +518,36 @@ a cast of the load — that the message names.
                 if not made or any(f.kind is not Kind.FLOAT32 for f in made):
                     return ring
         return None
+
+    def _unnamed_variable(self, fact: TensorFact, passed: PassedValue) -> bool:
+        """A dtype that is not provably float32 (``dtype=cfg.torch_dtype``), on a way to the
+        call through no name of a gate cache: where a gate-cache name holds it, RL002 reports it
+        at the allocation; here (``*bufs[1:4]`` of a record of unnamed rings) nothing else does."""
+        if fact.kind is not Kind.VARIABLE or fact.allocation is None:
+            return False
+        names = [use.value for use in fact.uses]
+        if isinstance(passed.value, (cst.Name, cst.Attribute)):
+            names.append(binding_name(passed.value) or "")
+        return not any(self.context.gate_caches.matches(name) for name in names)
+
+    def _report_variable(self, call: cst.Call, passed: PassedValue, fact: TensorFact) -> None:
+        """Where the dtype is chosen: the allocation's line, with the call that passes it."""
+        function = one_line(self.context.module, call.func)
+        carrier = passed.argument
+        how = (
+            f"`{carrier.star}{one_line(self.context.module, carrier.value)}`"
+            if carrier.star
+            else "its argument"
+        )
+        dtype = one_line(self.context.module, fact.node)
+        fix = self._fix((fact,), [fact], passed.site)
+        self.report(
+            fact.node,
+            f"the gate cache {how} passes to `{function}` (line {self.context.line_of(call)}) "
+            f"is allocated with dtype `{dtype}`, which is not provably float32; the kernel "
+            "exponentiates prefix sums of the gate ring, so it must be float32",
+            fix=fix,
+        )
 
     def _cause(self, fact: TensorFact, ring: PassedValue | None = None) -> str:
         line = self.context.line_of(fact.node)
