@@ -49,6 +49,8 @@ class FileContext:
     """Spans and statement rows of nodes, computed only for the nodes that ask."""
     spelling: Float32Spelling = field(init=False)
     _provenance: Provenance | None = field(default=None, init=False)
+    memo: dict[tuple[str, int], object] = field(default_factory=dict, init=False)
+    """What a rule computed once per scope of this file (keyed by its name and the node's id)."""
 
     def __post_init__(self) -> None:
         self.index = ModuleIndex(self.module, self.gate_caches, self.source)

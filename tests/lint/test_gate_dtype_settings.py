@@ -217,3 +217,33 @@ def test_a_setting_given_an_imported_literal_is_reported_once(tmp_path: Path) ->
     found = lint_in_project(tmp_path, files, "pkg/config.py")
     # the literal the constant holds is RL001's; RL002 does not report the same setting again
     assert [(f.code, f.location.row) for f in found] == [("RL001", 10)]
+
+
+def test_the_gate_field_of_an_annotated_record_is_judged_where_it_is_built(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/datatypes.py": (
+            "from typing import NamedTuple\n\nimport torch\n\n"
+            "class RingDtypes(NamedTuple):\n"
+            "    delta: torch.dtype\n"
+            "    key: torch.dtype\n"
+            "    logdecay: torch.dtype\n\n"
+            "FP16 = RingDtypes(torch.float16, torch.float16, torch.float16)\n"
+        ),
+        "pkg/model.py": (
+            "import torch\n\nfrom .datatypes import RingDtypes\n\n"
+            "def setup(n, dtypes: RingDtypes):\n"
+            "    g_cache = torch.zeros(n, dtype=dtypes.logdecay)\n"
+            "    return g_cache\n\n"
+            "def unannotated(n, dtypes):\n"
+            "    g_cache = torch.zeros(n, dtype=dtypes.logdecay)\n"
+            "    return g_cache\n"
+        ),
+    }
+    assert [(f.code, f.location.row) for f in lint_in_project(tmp_path, files, "pkg/model.py")] == [
+        ("RL002", 10)
+    ]
+    built = lint_in_project(tmp_path, files, "pkg/datatypes.py")
+    assert [(f.code, f.location.row) for f in built] == [("RL001", 10)]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import method_name
 from replaylint.lint.syntax.sites import Site
 
@@ -47,3 +48,17 @@ def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[
 
     fields = positional_fields(prov, cst.Call(func=cls), site)
     return None if fields is None else [name for name, _ in fields]
+
+
+def imported_record_requires(prov: Provenance, qualified: str, field: str) -> bool:
+    """Whether ``qualified`` (a dotted name as the module imports it) is a record class of
+    another module of the project that declares ``field`` without a default."""
+    project = prov.project
+    if project is None:
+        return False
+    found = project.resolve(qualified)
+    if not isinstance(found, Found) or found.definition[0] != "class":
+        return False
+    members, flags = found.definition[2], found.definition[3]
+    member = members.get(field) if isinstance(members, dict) else None
+    return bool(flags.get("record")) and isinstance(member, list) and member[2:3] == [["required"]]

@@ -4,6 +4,10 @@
 module declares that field only as class fields with a literal torch dtype default
 (``gate_dtype: torch.dtype = torch.bfloat16``) and never assigns it, the declaration decides the
 ring's dtype: RL001 reports it there when it is not float32, and RL002 stays quiet at the use.
+The same holds for the gate field of a record of ring dtypes (a NamedTuple or dataclass of this
+module or of the project, the field declared a dtype without a default) that a parameter is
+annotated with: ``dtypes.logdecay`` of ``dtypes: RingDtypes`` is whatever each construction
+gives it, and the constructions are judged.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import is_dtype_annotation
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.record_names import imported_record_requires
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
+from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
+from replaylint.lint.syntax.nodes import record_fields
 from replaylint.lint.syntax.traversal import syntax_children
 
 
@@ -24,6 +31,9 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
     if not isinstance(dtype, cst.Attribute):
         return False
     name, names = dtype.attr.value, context.gate_caches
+    gate_field = name.lower() in GATE_FIELD_WORDS or names.names_gate_dtype(name)
+    if gate_field and _record_gate_field(context, index, dtype.value, name):
+        return True  # `dtypes.logdecay` of `dtypes: RingDtypes`: judged where it is built
     # a field named like the gate cache itself counts where it is declared a dtype
     typed = not names.names_gate_dtype(name)
     if typed and not names.matches(name):
@@ -68,6 +78,35 @@ def _annotated_otherwise(
         named = annotation.value if isinstance(annotation, cst.Name) else named
         return named is not None and named[:1].isupper() and named not in declaring
     return False
+
+
+def _record_gate_field(
+    context: FileContext, index: ModuleIndex, receiver: cst.BaseExpression, field: str
+) -> bool:
+    """Whether ``receiver`` is a parameter annotated with a record class of the module or of
+    the project (a NamedTuple or dataclass of ring dtypes) that declares ``field`` as a dtype
+    without a default: every construction of the record gives the field its value, and RL001
+    and RL002 judge it there (``RingDtypes(delta=d, key=d, logdecay=torch.bfloat16)``)."""
+    annotation = _parameter_annotation(index.module, receiver)
+    if annotation is None:
+        return False
+    for cls in index.classes():
+        if cls.name.value == annotation.value:
+            fields = record_fields(cls)
+            return fields is not None and any(n == field and d is None for n, d in fields)
+    imported = sorted(index.qualified_names(annotation))
+    return len(imported) == 1 and imported_record_requires(context.provenance, imported[0], field)
+
+
+def _parameter_annotation(module: cst.Module, receiver: cst.BaseExpression) -> cst.Name | None:
+    if not isinstance(receiver, cst.Name):
+        return None
+    function = _enclosing_function(module, receiver)
+    for param in (*function.params.params, *function.params.kwonly_params) if function else ():
+        if param.name.value == receiver.value and param.annotation is not None:
+            annotation = param.annotation.annotation
+            return annotation if isinstance(annotation, cst.Name) else None
+    return None
 
 
 def _enclosing_function(module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:

@@ -51,7 +51,9 @@ that is given the dtype of another setting — `self.log_decay_dtype = self.dtyp
 setting float32 by its role (`state_dtype`, `acc_dtype`) is not another setting's dtype here. A
 ring allocated with such a setting (`dtype=spec.gate_dtype`) whose only declarations in the module
 are class fields with a literal dtype default, never reassigned, is judged at that declaration
-(RL001 reports a `torch.bfloat16` default there), not once more at every allocation. A field
+(RL001 reports a `torch.bfloat16` default there), not once more at every allocation; so is the
+gate field of a record of ring dtypes a parameter is annotated with (`dtypes: RingDtypes`, then
+`dtype=dtypes.logdecay`), which every construction of the record decides. A field
 annotated as a dtype and named like the gate cache itself (`decay_ring: torch.dtype =
 torch.bfloat16` in a record of the rings' dtypes) is such a setting too.
 

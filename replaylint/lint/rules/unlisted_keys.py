@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -71,11 +72,46 @@ def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site
     if isinstance(mapping, cst.Attribute):
         scope = site.enclosing_class() or context.module
     written = context.module.code_for_node(mapping)
+    source = context.source
+    if source is not None and not any(use in source for use in _spelled_uses(written)):
+        return set()  # the text never keys, tests or spreads it: no walk of the scope
+    key = ("gate-keys", id(scope))
+    uses = context.memo.get(key)
+    if not isinstance(uses, _KeyUses):
+        uses = context.memo[key] = _key_uses(context, scope)
+    read = set(uses.read.get(written, ()))
+    for call in uses.spreads.get(written, ()):
+        read |= _spread_fields(context, call, written, site)
+    return read - uses.assigned.get(written, set())
+
+
+def _spelled_uses(written: str) -> tuple[str, ...]:
+    """How a use of the mapping spelled ``written`` starts in the text."""
+    return (
+        f'{written}["',
+        f"{written}['",
+        f"{written}.get(",
+        f"{written}.pop(",
+        f"**{written}",
+        f" in {written}",
+    )
+
+
+@dataclass
+class _KeyUses:
+    """Per mapping (as spelled), the gate-cache keys a scope reads and writes it under, and the
+    calls that spread it (``**rings``), found in one walk of the scope."""
+
+    read: dict[str, set[str]] = field(default_factory=dict)
+    assigned: dict[str, set[str]] = field(default_factory=dict)
+    spreads: dict[str, list[cst.Call]] = field(default_factory=dict)
+
+
+def _key_uses(context: FileContext, scope: cst.CSTNode) -> _KeyUses:
     module, gate_caches = context.module, context.gate_caches
+    uses = _KeyUses()
     targets: set[int] = set()
     guarded: set[int] = set()  # `if "g" not in rings: rings["g"] = ...` fills a missing entry
-    read: set[str] = set()
-    assigned: set[str] = set()
     nodes = list(descendants(scope))
     for node in nodes:
         if isinstance(node, cst.Assign):
@@ -89,23 +125,32 @@ def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site
             found = string_key(node)
             if found is None or not gate_caches.matches(found):
                 continue
-            if module.code_for_node(node.value) != written:
-                continue
+            spelled = module.code_for_node(node.value)
             if id(node) not in targets:
-                read.add(found)
+                uses.read.setdefault(spelled, set()).add(found)
             elif id(node) not in guarded:
-                assigned.add(found)
+                uses.assigned.setdefault(spelled, set()).add(found)
         elif isinstance(node, cst.Comparison):
             found_in = _membership(node)
-            if (
-                found_in is not None
-                and gate_caches.matches(found_in[0])
-                and module.code_for_node(found_in[1]) == written
-            ):
-                read.add(found_in[0])
+            if found_in is not None and gate_caches.matches(found_in[0]):
+                spelled = module.code_for_node(found_in[1])
+                uses.read.setdefault(spelled, set()).add(found_in[0])
         elif isinstance(node, cst.Call):
-            read.update(_called_reads(context, node, written, site))
-    return read - assigned
+            func = node.func
+            first = node.args[0].value if node.args else None
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value in _KEYED_READS
+                and isinstance(first, cst.SimpleString)
+                and isinstance(value := first.evaluated_value, str)
+                and gate_caches.matches(value)
+            ):
+                uses.read.setdefault(module.code_for_node(func.value), set()).add(value)
+            for arg in node.args:
+                if arg.star == "**":
+                    spelled = module.code_for_node(arg.value)
+                    uses.spreads.setdefault(spelled, []).append(node)
+    return uses
 
 
 def _membership(test: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
@@ -121,23 +166,11 @@ def _membership(test: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | No
     return left.evaluated_value, comparison.comparator
 
 
-def _called_reads(context: FileContext, call: cst.Call, written: str, site: Site) -> set[str]:
-    """``rings.get("g")`` and ``rings.pop("g")``; the gate-cache fields ``Rings(**rings)`` or a
-    decode entry point fills from the mapping."""
-    module, gate_caches = context.module, context.gate_caches
+def _spread_fields(context: FileContext, call: cst.Call, written: str, site: Site) -> set[str]:
+    """The gate-cache fields ``Rings(**rings)`` (a record) or a decode entry point fills from
+    the mapping spelled ``written``, less those the call passes by keyword."""
+    gate_caches = context.gate_caches
     func = call.func
-    if (
-        isinstance(func, cst.Attribute)
-        and func.attr.value in _KEYED_READS
-        and call.args
-        and isinstance(call.args[0].value, cst.SimpleString)
-        and module.code_for_node(func.value) == written
-    ):
-        value = call.args[0].value.evaluated_value
-        return {value} if isinstance(value, str) and gate_caches.matches(value) else set()
-    spreads = [a for a in call.args if a.star == "**" and module.code_for_node(a.value) == written]
-    if not spreads:
-        return set()
     named = {a.keyword.value for a in call.args if a.keyword is not None}
     called = dotted_name(func) or ""
     entry = {
