@@ -17,6 +17,7 @@ fix is the loop's conditional one (``torch.float32 if name == "g_cache" else dty
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -72,8 +73,7 @@ def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site
     if isinstance(mapping, cst.Attribute):
         scope = site.enclosing_class() or context.module
     written = context.module.code_for_node(mapping)
-    source = context.source
-    if source is not None and not any(use in source for use in _spelled_uses(written)):
+    if written not in _used_mappings(context):
         return set()  # the text never keys, tests or spreads it: no walk of the scope
     key = ("gate-keys", id(scope))
     uses = context.memo.get(key)
@@ -85,16 +85,34 @@ def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site
     return read - uses.assigned.get(written, set())
 
 
-def _spelled_uses(written: str) -> tuple[str, ...]:
-    """How a use of the mapping spelled ``written`` starts in the text."""
-    return (
-        f'{written}["',
-        f"{written}['",
-        f"{written}.get(",
-        f"{written}.pop(",
-        f"**{written}",
-        f" in {written}",
-    )
+# a dotted name keyed by a string, read with `.get`/`.pop`, spread, or tested with `in`
+_USED = re.compile(
+    r"""([A-Za-z_][\w.]*)(?:\[\s*["']|\.get\(|\.pop\()|\*\*([A-Za-z_][\w.]*)|\bin\s+([A-Za-z_][\w.]*)"""
+)
+
+
+def _used_mappings(context: FileContext) -> frozenset[str]:
+    """The dotted names the file's text uses as mappings that way, read in one pass: a mapping
+    spelled otherwise (``self.rings[layer]``) is always looked for in the tree."""
+    key = ("used-mappings", 0)
+    found = context.memo.get(key)
+    if not isinstance(found, frozenset):
+        source = context.source if context.source is not None else context.module.code
+        names = {name for match in _USED.finditer(source) for name in match.groups() if name}
+        found = context.memo[key] = _AnySpelling(names)
+    return found
+
+
+class _AnySpelling(frozenset[str]):
+    """Names found in the text; a spelling that is no dotted name counts as found."""
+
+    def __contains__(self, written: object) -> bool:
+        if isinstance(written, str) and not _DOTTED.fullmatch(written):
+            return True
+        return frozenset.__contains__(self, written)
+
+
+_DOTTED = re.compile(r"[A-Za-z_][\w.]*")
 
 
 @dataclass
@@ -178,7 +196,10 @@ def _spread_fields(context: FileContext, call: cst.Call, written: str, site: Sit
         for e in context.entry_points
         if called and any(e.matches(n) for n in {called} | context.qualified_names(func))
     }
-    fields = positional_fields(context.provenance, call, site) or []
+    # a record class is named in CapWords: other calls are not resolved (it costs a lookup
+    # through the project for every `f(**kwargs)`)
+    record = called.rpartition(".")[2][:1].isupper()
+    fields = (positional_fields(context.provenance, call, site) if record else None) or []
     candidates = entry | {name for name, _ in fields if gate_caches.matches(name)}
     return {name for name in candidates if name not in named}
 
