@@ -21,12 +21,14 @@ from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, literal_names
-from replaylint.lint.syntax.nodes import binding_name, method_name, one_line
+from replaylint.lint.syntax.nodes import binding_name, dotted_name, method_name, one_line
 from replaylint.lint.syntax.traversal import syntax_children
 
 __all__ = ["READ_INVALID", "READ_VALID", "report_cast_read"]
 
 _CASTS = frozenset({"to", "half", "bfloat16", "type", "type_as"})
+# calls that write what they are given to a file (`torch.save`, `np.save`, `save_file`)
+_SAVERS = frozenset({"save", "savez", "savez_compressed", "save_file"})
 # calls that keep a read of the ring what it is (a view, a copy on the same dtype)
 _KEEPING = frozenset({"detach", "clone", "contiguous", "view", "reshape", "flatten", "squeeze"})
 
@@ -92,9 +94,10 @@ def _covered(rule: Rule, call: cst.Call) -> bool:
 
 def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> bool:
     """Whether the cast's result is kept as a copy of the ring's rows: appended to a list
-    (``out.append(g[idx].half())``), or a value of a list or dict literal that is (a payload, a
-    snapshot) or that a function returns, with no computation on the way. A literal's own key
-    naming a gate cache is judged as that binding instead."""
+    (``out.append(g[idx].half())``), saved (``torch.save(g.half(), path)``), or a value of a
+    list or dict literal that is (a payload, a snapshot) or that a function returns, with no
+    computation on the way. A literal's own key naming a gate cache is judged as that binding
+    instead."""
     contained = False
     for parent in reversed(parents):
         if isinstance(parent, (cst.Element, cst.List, cst.Tuple, cst.DictElement, cst.Dict)):
@@ -108,8 +111,9 @@ def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> b
             continue
         if isinstance(parent, cst.Arg):
             continue
-        if isinstance(parent, cst.Call):
-            return method_name(parent) == "append"
+        if isinstance(parent, cst.Call):  # appended, or written to a file
+            called = (dotted_name(parent.func) or "").rpartition(".")[2]
+            return called == "append" or called in _SAVERS
         # `return [g[idx].half() for g in self.g_cache]`: copies handed out (a gate-cache name
         # returned cast is judged with the function's returns)
         return contained and isinstance(parent, cst.Return) and not named
