@@ -27,7 +27,7 @@ from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import POSITIONAL_DTYPE, TORCH_FACTORIES
 from replaylint.lint.project.index import External, Found
-from replaylint.lint.syntax.nodes import keyword_arg, positional_args
+from replaylint.lint.syntax.nodes import keyword_arg, only_statement, positional_args
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ def _filled_per_key(
         body = body[1:]
     if len(body) != 3 or not isinstance(returned, cst.Name):
         return None
-    made, loop = _only_statement(body[0]), body[1]
+    made, loop = only_statement(body[0]), body[1]
     if not (
         isinstance(made, cst.Assign)
         and len(made.targets) == 1
@@ -223,7 +223,7 @@ def _filled_per_key(
         and len(loop.body.body) == 1
     ):
         return None
-    write = _only_statement(loop.body.body[0])
+    write = only_statement(loop.body.body[0])
     if not (
         isinstance(write, cst.Assign)
         and len(write.targets) == 1
@@ -243,14 +243,8 @@ def _filled_per_key(
     return _per_key(comprehension)
 
 
-def _only_statement(line: cst.BaseStatement) -> cst.BaseSmallStatement | cst.BaseStatement:
-    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-        return line.body[0]
-    return line
-
-
 def _is_docstring(line: cst.BaseStatement) -> bool:
-    statement = _only_statement(line)
+    statement = only_statement(line)
     return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.SimpleString)
 
 

@@ -32,10 +32,13 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
         return False
     name, names = dtype.attr.value, context.gate_caches
     gate_field = name.lower() in GATE_FIELD_WORDS or names.names_gate_dtype(name)
-    if gate_field and _record_gate_field(context, index, dtype.value, name):
-        return True  # `dtypes.logdecay` of `dtypes: RingDtypes`: judged where it is built
     # a field named like the gate cache itself counts where it is declared a dtype
     typed = not names.names_gate_dtype(name)
+    if not gate_field and typed and not names.matches(name):
+        return False
+    annotation = _parameter_annotation(index.module, dtype.value)  # one walk for both uses
+    if gate_field and _record_gate_field(context, index, annotation, name):
+        return True  # `dtypes.logdecay` of `dtypes: RingDtypes`: judged where it is built
     if typed and not names.matches(name):
         return False
     declaring: set[str] = set()
@@ -50,7 +53,7 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
                     defaults += found
                     if found:
                         declaring.add(cls.name.value)
-    if _annotated_otherwise(index.module, dtype.value, declaring):
+    if _annotated_otherwise(dtype.value, annotation, declaring):
         return False  # `spec: ReplayCacheSpec`: another class's setting of that name
     return (
         bool(defaults)
@@ -61,34 +64,28 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
 
 
 def _annotated_otherwise(
-    module: cst.Module, receiver: cst.BaseExpression, declaring: set[str]
+    receiver: cst.BaseExpression, annotation: cst.BaseExpression | None, declaring: set[str]
 ) -> bool:
-    """Whether ``receiver`` is a parameter of its function annotated with a class other than
-    the ``declaring`` ones."""
+    """Whether ``receiver`` is a parameter of its function (its ``annotation``) annotated with a
+    class other than the ``declaring`` ones."""
     if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
         return False
-    function = _enclosing_function(module, receiver)
-    if function is None:
-        return False
-    for param in (*function.params.params, *function.params.kwonly_params):
-        if param.name.value != receiver.value or param.annotation is None:
-            continue
-        annotation = param.annotation.annotation
-        named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
-        named = annotation.value if isinstance(annotation, cst.Name) else named
-        return named is not None and named[:1].isupper() and named not in declaring
-    return False
+    named = annotation.attr.value if isinstance(annotation, cst.Attribute) else None
+    named = annotation.value if isinstance(annotation, cst.Name) else named
+    return named is not None and named[:1].isupper() and named not in declaring
 
 
 def _record_gate_field(
-    context: FileContext, index: ModuleIndex, receiver: cst.BaseExpression, field: str
+    context: FileContext,
+    index: ModuleIndex,
+    annotation: cst.BaseExpression | None,
+    field: str,
 ) -> bool:
-    """Whether ``receiver`` is a parameter annotated with a record class of the module or of
-    the project (a NamedTuple or dataclass of ring dtypes) that declares ``field`` as a dtype
+    """Whether a parameter's ``annotation`` names a record class of the module or of the
+    project (a NamedTuple or dataclass of ring dtypes) that declares ``field`` as a dtype
     without a default: every construction of the record gives the field its value, and RL001
     and RL002 judge it there (``RingDtypes(delta=d, key=d, logdecay=torch.bfloat16)``)."""
-    annotation = _parameter_annotation(index.module, receiver)
-    if annotation is None:
+    if not isinstance(annotation, cst.Name):
         return False
     for cls in index.classes():
         if cls.name.value == annotation.value:
@@ -98,14 +95,16 @@ def _record_gate_field(
     return len(imported) == 1 and imported_record_requires(context.provenance, imported[0], field)
 
 
-def _parameter_annotation(module: cst.Module, receiver: cst.BaseExpression) -> cst.Name | None:
+def _parameter_annotation(
+    module: cst.Module, receiver: cst.BaseExpression
+) -> cst.BaseExpression | None:
+    """The annotation of the parameter ``receiver`` names in its function, if it has one."""
     if not isinstance(receiver, cst.Name):
         return None
     function = _enclosing_function(module, receiver)
     for param in (*function.params.params, *function.params.kwonly_params) if function else ():
         if param.name.value == receiver.value and param.annotation is not None:
-            annotation = param.annotation.annotation
-            return annotation if isinstance(annotation, cst.Name) else None
+            return param.annotation.annotation
     return None
 
 

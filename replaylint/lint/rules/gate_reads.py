@@ -22,7 +22,7 @@ from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, literal_names
 from replaylint.lint.syntax.nodes import binding_name, dotted_name, method_name, one_line
-from replaylint.lint.syntax.traversal import syntax_children
+from replaylint.lint.syntax.traversal import ancestors
 
 __all__ = ["READ_INVALID", "READ_VALID", "report_cast_read"]
 
@@ -41,7 +41,7 @@ def report_cast_read(rule: Rule, call: cst.Call) -> None:
     site = rule.site()
     if site.statement is None:
         return
-    parents = _path(site.statement, call)
+    parents = ancestors(site.statement, call)
     read = _gate_read(rule, call.func.value, parents)
     if read is None:
         return
@@ -69,17 +69,6 @@ def _shown(rule: Rule, call: cst.Call) -> str:
     module = rule.context.module
     arguments = ", ".join(module.code_for_node(arg).strip().rstrip(",") for arg in call.args)
     return f".{method_name(call)}({arguments})"
-
-
-def _path(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
-    """The nodes from ``root`` down to ``target``'s parent, outermost first."""
-    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [])]
-    while stack:
-        node, above = stack.pop()
-        if node is target:
-            return above
-        stack.extend((child, [*above, node]) for child in syntax_children(node))
-    return []
 
 
 def _named(rule: Rule, read: cst.BaseExpression) -> bool:

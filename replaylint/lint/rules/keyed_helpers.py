@@ -17,7 +17,7 @@ from replaylint.lint.fixes.keyed_split import keyed_split_fix, split_for_gate
 from replaylint.lint.rules.shared_helpers import HelperFinding
 from replaylint.lint.rules.unlisted_keys import gate_keys_read
 from replaylint.lint.rules.wording import WHY, named_gate_cache, quoted
-from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.nodes import one_line, only_statement
 from replaylint.lint.syntax.sites import Site
 
 
@@ -79,9 +79,7 @@ def _gate_keys(
 def _read_gate_keys(context: FileContext, call: cst.Call, site: Site) -> list[str]:
     """The gate-cache keys the code reads the result of ``call`` under, for ``target = call``
     with a mapping argument whose keys are not known."""
-    statement = site.statement
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        statement = statement.body[0]
+    statement = only_statement(site.statement) if site.statement is not None else None
     if not (
         isinstance(statement, cst.Assign)
         and statement.value is call

@@ -450,10 +450,10 @@ a cast of the load — that the message names.
         function = one_line(self.context.module, call.func)
         carrier = passed.argument
         located: cst.CSTNode = passed.value if carrier.value is passed.value else carrier.value
-        subject = "the gate cache passed"
-        if located is not passed.value:
-            spread = f"{carrier.star}{one_line(self.context.module, carrier.value)}"
-            subject = f"the gate cache that `{spread}` passes"
+        spread = self._spread(passed)
+        subject = (
+            "the gate cache passed" if spread is None else f"the gate cache that {spread} passes"
+        )
         fix = self._fix(facts, wrong, passed.site)
         if fix is not None and to_rings:
             # without the cast the kernel writes into the ring itself, not into a copy
@@ -530,15 +530,18 @@ a cast of the load — that the message names.
             names.append(binding_name(passed.value) or "")
         return not any(self.context.gate_caches.matches(name) for name in names)
 
+    def _spread(self, passed: PassedValue) -> str | None:
+        """The spread that carries ``passed``, quoted (`` `*rings` ``, `` `**ring_args` ``);
+        None for an argument written for it."""
+        carrier = passed.argument
+        if carrier.value is passed.value:
+            return None
+        return f"`{carrier.star}{one_line(self.context.module, carrier.value)}`"
+
     def _report_variable(self, call: cst.Call, passed: PassedValue, fact: TensorFact) -> None:
         """Where the dtype is chosen: the allocation's line, with the call that passes it."""
         function = one_line(self.context.module, call.func)
-        carrier = passed.argument
-        how = (
-            f"`{carrier.star}{one_line(self.context.module, carrier.value)}`"
-            if carrier.star
-            else "its argument"
-        )
+        how = self._spread(passed) or "its argument"
         dtype = one_line(self.context.module, fact.node)
         fix = self._fix((fact,), [fact], passed.site)
         self.report(

@@ -30,7 +30,7 @@ from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.rules.base import Invalid, Valid
 from replaylint.lint.syntax.nodes import dotted_name, string_key
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import descendants, syntax_children
+from replaylint.lint.syntax.traversal import ancestors, descendants
 
 __all__ = ["UNLISTED_INVALID", "UNLISTED_VALID", "gate_keys_read", "unlisted_iterations"]
 
@@ -220,22 +220,10 @@ def _tests_on_the_way(
 ) -> Iterator[tuple[cst.BaseExpression, bool]]:
     """The ``if`` tests that enclose ``statement`` below ``root``, each with whether the
     statement is in its body (rather than its ``else``)."""
-    path = _path(root, statement)
+    path = [*ancestors(root, statement), statement]
     for parent, child in itertools.pairwise(path):
         if isinstance(parent, cst.If):
             yield parent.test, child is parent.body
-
-
-def _path(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
-    """The nodes from ``root`` down to ``target``; empty when ``target`` is not below it."""
-    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [root])]
-    while stack:
-        node, path = stack.pop()
-        if node is target:
-            return path
-        for child in syntax_children(node):
-            stack.append((child, [*path, child]))
-    return []
 
 
 def _names(target: cst.BaseExpression) -> set[str]:

@@ -253,3 +253,11 @@ def constant_slice(expr: cst.BaseExpression) -> slice | None:
     if bounds[2] == 0:
         return None  # a zero step raises
     return slice(*bounds)
+
+
+def only_statement(line: cst.CSTNode) -> cst.CSTNode:
+    """The one small statement of a line that holds just one (``x = f()``); ``line`` itself
+    otherwise."""
+    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+        return line.body[0]
+    return line

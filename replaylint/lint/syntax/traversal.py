@@ -177,3 +177,15 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         yield current
         stack.extend(reversed(syntax_children(current)))
+
+
+def ancestors(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
+    """The nodes from ``root`` down to ``target``'s parent, outermost first; empty when
+    ``target`` is ``root`` or not below it."""
+    stack: list[tuple[cst.CSTNode, list[cst.CSTNode]]] = [(root, [])]
+    while stack:
+        node, above = stack.pop()
+        if node is target:
+            return above
+        stack.extend((child, [*above, node]) for child in syntax_children(node))
+    return []
