@@ -763,3 +763,47 @@ def test_a_method_self_calls_may_be_inherited_from_a_class_of_the_module(
                     setattr(self, name, [torch.zeros(shape, dtype=dtype) for _ in range(layers)])
         """
     assert bool(_check(source, "RL006")) is reported
+
+
+_FLAGGED_HELPER = """
+import torch
+
+
+class Weights:
+    def __init__(self, tensors, dtype):
+        self._tensors = tensors
+        self.dtype = dtype
+
+    def get_tensor(self, name: str, to_dtype=True, keep=None):
+        tensor = self._tensors[name]
+        if tensor.is_floating_point() and to_dtype and keep is None:
+            tensor = tensor.to(dtype=self.dtype)
+        return tensor
+
+
+def read_rings(weights: Weights, prefix: str):
+    return {{"d_cache": weights.get_tensor(prefix + ".d"), "g_cache": {gate}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("gate", "expected"),
+    [
+        # the call switches the helper's cast off: the tensor is read as stored
+        ('weights.get_tensor(prefix + ".g", to_dtype=False)', []),
+        ('weights.get_tensor(prefix + ".g", False)', []),
+        # the default casts it
+        ('weights.get_tensor(prefix + ".g")', [(12, "RL004")]),
+        ('weights.get_tensor(prefix + ".g", to_dtype=True)', [(12, "RL004")]),
+        ('weights.get_tensor(prefix + ".g", keep=None)', [(12, "RL004")]),
+        # `keep is None` is false for a string
+        ('weights.get_tensor(prefix + ".g", keep="stored")', []),
+        # what the call passes is not known: either branch may run
+        ('weights.get_tensor(prefix + ".g", to_dtype=bool(prefix))', [(12, "RL004")]),
+        ('weights.get_tensor(prefix + ".g", keep=prefix)', [(12, "RL004")]),
+    ],
+)
+def test_a_helper_branch_a_call_switches_off_with_a_literal_does_not_run(
+    gate: str, expected: list[tuple[int, str]]
+) -> None:
+    assert _check(_FLAGGED_HELPER.format(gate=gate), "RL004") == expected

@@ -247,3 +247,70 @@ def test_the_gate_field_of_an_annotated_record_is_judged_where_it_is_built(
     ]
     built = lint_in_project(tmp_path, files, "pkg/datatypes.py")
     assert [(f.code, f.location.row) for f in built] == [("RL001", 10)]
+
+
+_RING_POLICY = """
+import torch
+
+# (d/k rings, log-decay ring) for each --dtype
+RING_DTYPES = {
+    "float16": (torch.float16, torch.float32),
+    "bfloat16": (torch.bfloat16, torch.bfloat16),
+}
+SAFE_DTYPES = {
+    "float16": (torch.float16, torch.float32),
+    "bfloat16": (torch.bfloat16, torch.float32),
+}
+"""
+
+_RING_USER = """
+import torch
+
+from .policy import RING_DTYPES, SAFE_DTYPES
+
+
+def known(cache_cls):
+    ring_dtype, gate_dtype = RING_DTYPES["bfloat16"]
+    return cache_cls(ring_dtype, gate_dtype=gate_dtype)
+
+
+def any_mode(cache_cls, mode):
+    ring_dtype, gate_dtype = RING_DTYPES[mode]
+    return cache_cls(ring_dtype, gate_dtype=gate_dtype)
+
+
+def half(cache_cls):
+    ring_dtype, gate_dtype = RING_DTYPES["float16"]
+    return cache_cls(ring_dtype, gate_dtype=gate_dtype)
+
+
+def safe(cache_cls, mode):
+    ring_dtype, gate_dtype = SAFE_DTYPES[mode]
+    return cache_cls(ring_dtype, gate_dtype=gate_dtype)
+"""
+
+
+def test_a_gate_dtype_unpacked_from_a_table_of_another_module(tmp_path: Path) -> None:
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _RING_POLICY, "pkg/user.py": _RING_USER}
+    found = lint_in_project(tmp_path, files, "pkg/user.py")
+    assert [(f.location.row, f.code) for f in found] == [(7, "RL001"), (12, "RL001")]
+    assert "is set to torch.bfloat16 (from `RING_DTYPES` at " in found[0].message
+    # a key not known here: the `"float16"` entry keeps it float32, the other does not
+    assert "may be set to torch.bfloat16 (from `RING_DTYPES` at " in found[1].message
+
+
+def test_a_gate_dtype_unpacked_from_a_table_of_the_module_is_judged_at_the_entry() -> None:
+    source = _RING_POLICY + _RING_USER.split("from .policy import RING_DTYPES, SAFE_DTYPES\n")[1]
+    findings = Linter().check(source, "m.py")
+    # the `"bfloat16"` entry, for `known` and `any_mode` alike; nothing for `half` and `safe`
+    assert sorted({(f.location.row, f.code) for f in findings}) == [(7, "RL001")]
+
+
+def test_a_table_the_module_writes_to_is_not_read_as_its_literal() -> None:
+    source = (
+        _RING_POLICY
+        + 'RING_DTYPES["bfloat16"] = (torch.bfloat16, torch.float32)\n'
+        + _RING_USER.split("from .policy import RING_DTYPES, SAFE_DTYPES\n")[1]
+    )
+    findings = Linter().check(source, "m.py")
+    assert [f for f in findings if f.location.row == 7] == []

@@ -82,3 +82,80 @@ def restore(path, device, make):
     files = {"pkg/__init__.py": "", "pkg/utils/__init__.py": _UTILS, "pkg/user.py": user}
     rows = [(f.location.row, f.code) for f in lint_in_project(tmp_path, files, "pkg/user.py")]
     assert rows == [(8, "RL005")]
+
+
+_LIST_CACHE = """
+import torch
+
+
+class ReplayCache:
+    def __init__(self, layers, shape):
+        self.gate_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+"""
+
+_RESTORE = """
+import io
+
+import torch
+
+from .cache import ReplayCache
+
+
+def restore(cache: ReplayCache, blob: bytes) -> ReplayCache:
+    saved = torch.load(io.BytesIO(blob), weights_only=True)
+    cache.gate_cache = saved.pop("gate_cache")
+    return cache
+
+
+def restore_one(cache: ReplayCache, blob: bytes, layer: int) -> ReplayCache:
+    saved = torch.load(io.BytesIO(blob), weights_only=True)
+    cache.gate_cache[layer] = saved.pop("gate_cache")[layer]
+    return cache
+
+
+def restore_each(cache: ReplayCache, blob: bytes) -> ReplayCache:
+    saved = torch.load(io.BytesIO(blob), weights_only=True)
+    cache.gate_cache = [ring for ring in saved.pop("gate_cache")]
+    return cache
+"""
+
+
+def test_a_loaded_list_of_rings_is_reported_without_a_cast_of_the_list(tmp_path: Path) -> None:
+    # the class of another module keeps its gate caches in a list: `.to` of the loaded list
+    # would raise, so the finding says to cast each ring; one ring of it is cast as a tensor
+    files = {"pkg/__init__.py": "", "pkg/cache.py": _LIST_CACHE, "pkg/restore.py": _RESTORE}
+    found = lint_in_project(tmp_path, files, "pkg/restore.py")
+    assert [(f.location.row, f.code, f.fix is not None) for f in found] == [
+        (10, "RL005", False),
+        (16, "RL005", True),
+        (22, "RL005", True),  # each ring the comprehension makes is cast
+    ]
+    assert "it holds several tensors, so cast each one" in found[0].message
+
+
+_PASSED_ON = """
+import torch
+
+
+def load_reference(path):
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+def install(cache, reference):
+    cache.g_cache = reference["g_ring"].contiguous()
+
+
+def generate(cache, *, reference=None, **sampling):
+    if reference is not None:
+        install(cache, reference)
+
+
+def main(cache, path, options):
+    generate(cache, reference=load_reference(path), **options)
+"""
+
+
+def test_a_checkpoint_passed_by_keyword_beside_a_spread_is_followed() -> None:
+    # `**options` cannot pass `reference` again: the keyword is what the call passes
+    findings = Linter().check(_PASSED_ON, "example.py")
+    assert [(f.location.row, f.code) for f in findings] == [(10, "RL005")]

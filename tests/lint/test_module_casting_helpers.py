@@ -217,3 +217,29 @@ def test_a_gate_dtype_a_function_named_for_it_returns_is_judged_at_its_return(
     assert "`log_decay_dtype`, named for the gate cache's dtype, returns torch.bfloat16" in (
         found[0].message
     )
+
+
+def test_a_converter_method_the_project_calls_is_judged_at_its_callers(tmp_path: Path) -> None:
+    # `HalfPrecision.convert_module` returns the module it is handed, cast: `Fabric` calls it,
+    # and a caller handing it a model of a gate-buffer class is reported (use.py:9)
+    write_tree(
+        tmp_path, {"pyproject.toml": "[project]\nname = 'pkg'\n\n[tool.replaylint]\n", **_FILES}
+    )
+    rows = cli_rows(tmp_path, "--no-cache")
+    assert [row for row in rows if row[0] == "pkg/precision.py"] == [
+        ("pkg/precision.py", 28, "RL004")
+    ]
+    assert ("pkg/use.py", 9, "RL004") in rows
+
+
+def test_a_converter_method_no_module_calls_is_judged_where_it_casts(tmp_path: Path) -> None:
+    precision = _PRECISION.replace("self._precision.convert_module(module)", "module")
+    files = {**_FILES, "pkg/precision.py": precision}
+    write_tree(
+        tmp_path, {"pyproject.toml": "[project]\nname = 'pkg'\n\n[tool.replaylint]\n", **files}
+    )
+    rows = cli_rows(tmp_path, "--no-cache")
+    assert [row for row in rows if row[0] == "pkg/precision.py"] == [
+        ("pkg/precision.py", 15, "RL004"),
+        ("pkg/precision.py", 28, "RL004"),
+    ]

@@ -219,11 +219,11 @@ def _argument(
     prov: Provenance, call: cst.Call, site: Site, param: cst.Param, index: int | None
 ) -> _Value | None:
     """What ``call`` passes for ``param`` (its ``index``-th positional parameter)."""
+    passed = keyword_arg(call, param.name.value)
+    if passed is not None:  # a `**spread` beside it cannot pass it again
+        return passed.value, site
     if any(arg.star == "**" for arg in call.args):
         return None
-    passed = keyword_arg(call, param.name.value)
-    if passed is not None:
-        return passed.value, site
     positional: list[_Value] = []
     for arg in call.args:
         if arg.keyword is not None:

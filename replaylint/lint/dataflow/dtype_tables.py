@@ -16,13 +16,14 @@ self.dtype``, ``gate_dtype=args.cache_dtype``, ``TABLE.get(flag, self.dtype)``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from replaylint.lint.dataflow.dtype_records import spread_elements
-from replaylint.lint.dataflow.facts import SetDtype, TensorFact, decided
+from replaylint.lint.dataflow.facts import DtypeFact, SetDtype, TensorFact, decided
 from replaylint.lint.syntax.nodes import binding_name, read_names
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
@@ -172,7 +173,13 @@ def gate_dtype_name(prov: Provenance, target: cst.CSTNode | None, site: Site) ->
 def narrower_literals(prov: Provenance, value: cst.BaseExpression, site: Site) -> list[str] | None:
     """The floating dtypes other than float32 that ``value`` may be, when it is only ever
     floating literals and not always float32; None otherwise."""
-    literals = {fact.dtype for fact in prov.dtype_facts(value, site)}
+    return narrower_in(prov.dtype_facts(value, site))
+
+
+def narrower_in(facts: Iterable[DtypeFact]) -> list[str] | None:
+    """The floating dtypes other than float32 among ``facts``, when each is a floating
+    literal and not all are float32; None otherwise."""
+    literals = {fact.dtype for fact in facts}
     narrower = sorted(d for d in literals if d is not None and d != "float32")
     if not literals or None in literals or not narrower or not literals <= _FLOATING:
         return None

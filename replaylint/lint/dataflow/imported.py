@@ -298,6 +298,10 @@ class Evaluation:
     def item(self, table: Value, key: Value, context: Context) -> Value:
         """``TABLE[key]`` with a literal table and a key known statically; of a function that
         returns one of several tuples, the entry of each (``["either", ...]``)."""
+        if table[0] == "item":  # `RING_DTYPES[mode][2]`: the element of each possible entry
+            entry = self.item(table[1], table[2], context)
+            if entry[0] == "either":
+                return ["either", [self.item(branch, key, context) for branch in entry[1]], False]
         returned = self._returned(table, context)
         if returned is not None and returned[0][0] == "either":
             wanted = self.string(key, context)
@@ -307,7 +311,13 @@ class Evaluation:
         if entries and any(k is None for k, _ in entries):
             # `PRECISION_TO_DTYPE[...]` keyed by enum members: one of its values, whatever the key
             return ["either", [_bound(v, context) for _, v in entries], False]
-        wanted = self.string(key, context)
+        try:
+            wanted = self.string(key, context)
+        except Unknown:
+            if not entries or not all(isinstance(k, str) for k, _ in entries):
+                raise
+            # `RING_DTYPES[mode]` of a key not known here: any of the table's entries
+            return ["either", [_bound(v, context) for _, v in entries], False]
         for entry_key, entry_value in entries:
             if entry_key == wanted:
                 return _bound(entry_value, context)
@@ -517,10 +527,11 @@ def dtype_facts(
 
 
 def element_dtype_facts(
-    prov: Provenance, value: cst.Call, position: int, site: Site, env: Env
+    prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env
 ) -> tuple[DtypeFact, ...] | None:
-    """The dtypes of element ``position`` of what a call of a project function returns
-    (``ring_dtype, gate_dtype = ring_dtypes(config)``); None when the index does not say."""
+    """The dtypes of element ``position`` of what a call of a project function returns, or of
+    an entry of a project table (``ring_dtype, gate_dtype = ring_dtypes(config)``,
+    ``... = RING_DTYPES[mode]``); None when the index does not say."""
 
     def element() -> Value | None:
         call = as_value(prov, value, site, env)

@@ -31,6 +31,7 @@ from replaylint.lint.dataflow import (
     callables,
     callers,
     collisions,
+    conditions,
     containers,
     defaults,
     imported,
@@ -74,6 +75,7 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_BUFFER_READERS,
     TORCH_LOADERS,
 )
+from replaylint.lint.dataflow.unpacked import unpacked_dtypes
 from replaylint.lint.project.index import ProjectView
 from replaylint.lint.syntax.nodes import (
     keyword_arg,
@@ -124,7 +126,7 @@ class Provenance:
 
     def condition(self, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
         """The value of a condition on loop-variable strings, when it is decided by ``env``."""
-        return strings.condition(self, test, site, env)
+        return conditions.condition(self, test, site, env)
 
     def iterations(
         self, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
@@ -157,7 +159,7 @@ class Provenance:
             return None
 
         def evaluate(test: cst.BaseExpression) -> bool | None:
-            return strings.condition(self, test, site, env)
+            return conditions.condition(self, test, site, env)
 
         return evaluate
 
@@ -185,7 +187,7 @@ class Provenance:
             if from_project is not None:
                 return from_project
         if isinstance(expr, cst.IfExp):
-            decided = strings.condition(self, expr.test, site, env)
+            decided = conditions.condition(self, expr.test, site, env)
             if decided is True:
                 return self.dtype_facts(expr.body, site, env)
             if decided is False:
@@ -224,7 +226,7 @@ class Provenance:
                         # a dtype a caller passes keeps the caller's binding: it was chosen there
                         kept = fact.passed_by is not None
                         facts.append(fact if kept else replace(fact, binding=binding))
-                elif (unpacked := self._unpacked_dtypes(binding, binding_site, env)) is not None:
+                elif (unpacked := unpacked_dtypes(self, binding, binding_site, env)) is not None:
                     facts.extend(replace(f, binding=binding) for f in unpacked)
                 else:
                     facts.append(DtypeFact(None, expr, binding))
@@ -267,15 +269,6 @@ class Provenance:
                 return tuple(f for value, at in entries for f in self.dtype_facts(value, at))
         return (DtypeFact(None, expr),)
 
-    def _unpacked_dtypes(
-        self, binding: Binding, site: Site, env: Env
-    ) -> tuple[DtypeFact, ...] | None:
-        """``ring_dtype, gate_dtype = ring_dtypes(...)`` of a project function: the element's."""
-        unpacked = records.unpacked(binding) if binding.kind == "assign" else None
-        if unpacked is None or not isinstance(unpacked[0], cst.Call) or self.project is None:
-            return None
-        return imported.element_dtype_facts(self, unpacked[0], unpacked[1], site, env)
-
     def tensor_facts(
         self, expr: cst.BaseExpression, site: Site, env: Env = NO_ENV
     ) -> tuple[TensorFact, ...]:
@@ -295,7 +288,7 @@ class Provenance:
 
     def _tensor_facts(self, expr: cst.BaseExpression, site: Site, env: Env) -> Iterator[TensorFact]:
         if isinstance(expr, cst.IfExp):
-            decided = strings.condition(self, expr.test, site, env)
+            decided = conditions.condition(self, expr.test, site, env)
             if decided is not False:
                 yield from self.tensor_facts(expr.body, site, env)
             if decided is not True:

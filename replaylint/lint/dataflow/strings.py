@@ -122,88 +122,6 @@ def string_value(
     return None
 
 
-def condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
-    """The value of a condition on loop-variable strings, when it is decided by ``env``."""
-    if not env or not prov.enter():
-        return None
-    try:
-        return _condition(prov, test, site, env)
-    finally:
-        prov.leave()
-
-
-def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        inner = condition(prov, test.expression, site, env)
-        return None if inner is None else not inner
-    if isinstance(test, cst.BooleanOperation):
-        first = condition(prov, test.left, site, env)
-        second = condition(prov, test.right, site, env)
-        if isinstance(test.operator, cst.And):
-            if first is False or second is False:
-                return False
-            return True if first and second else None
-        if first is True or second is True:
-            return True
-        return False if first is False and second is False else None
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        comparison = test.comparisons[0]
-        left = string_value(prov, test.left, site, env)
-        operator = comparison.operator
-        if isinstance(operator, (cst.In, cst.NotIn)):
-            if left is None:
-                return None
-            options = _string_options(prov, comparison.comparator, site, env)
-            if options is None:
-                right = string_value(prov, comparison.comparator, site, env)
-                if right is None:
-                    return None
-                contained = left in right
-            else:
-                contained = left in options
-            return contained if isinstance(operator, cst.In) else not contained
-        numbers = (_integer(prov, test.left, env), _integer(prov, comparison.comparator, env))
-        if None not in numbers and isinstance(operator, (cst.Equal, cst.NotEqual)):
-            # `position == 2` of `for position, t in enumerate(rings)`
-            return (numbers[0] == numbers[1]) is isinstance(operator, cst.Equal)
-        right = string_value(prov, comparison.comparator, site, env)
-        if left is None or right is None:
-            return None
-        if isinstance(operator, cst.Equal):
-            return left == right
-        if isinstance(operator, cst.NotEqual):
-            return left != right
-        return None
-    if isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute):
-        method = test.func.attr.value
-        args = positional_args(test)
-        if method in {"startswith", "endswith"} and len(args) == 1:
-            subject = string_value(prov, test.func.value, site, env)
-            options = _string_options(prov, args[0].value, site, env)
-            if options is None:
-                single = string_value(prov, args[0].value, site, env)
-                options = None if single is None else (single,)
-            if subject is None or options is None:
-                return None
-            check = subject.startswith if method == "startswith" else subject.endswith
-            return check(tuple(options))
-    return None
-
-
-def _integer(prov: Provenance, expr: cst.BaseExpression, env: Env) -> int | None:
-    """The integer literal ``expr`` is, or that a loop variable holds in this iteration."""
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value)
-    if isinstance(expr, cst.Name) and isinstance(value := env.get(expr.value), Bound):
-        if not prov.enter():
-            return None
-        try:
-            return _integer(prov, value.expr, value.env(env))
-        finally:
-            prov.leave()
-    return None
-
-
 def numbered_iteration(loop: cst.CompFor, position: int, site: Site) -> Iteration:
     """For ``for i, x in enumerate(...)``: ``i`` holds ``position`` (what ``x`` holds is not
     known); nothing for any other loop."""
@@ -221,7 +139,7 @@ def numbered_iteration(loop: cst.CompFor, position: int, site: Site) -> Iteratio
     return {}
 
 
-def _string_options(
+def string_options(
     prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
 ) -> tuple[str, ...] | None:
     if isinstance(expr, (cst.Tuple, cst.List, cst.Set)):

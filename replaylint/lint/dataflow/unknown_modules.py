@@ -202,3 +202,50 @@ def _annotated_module(prov: Provenance, annotation: cst.Annotation | None) -> bo
     if written.endswith("nn.Module"):
         return True
     return bool(prov.index.qualified_names(node) & _MODULE_TYPES)
+
+
+def converter_method(prov: Provenance, call: cst.Call, site: Site) -> str | None:
+    """The name of the method when ``call`` casts one of its parameters and returns the result
+    (``def convert_module(self, module): return module.to(dtype=self.dtype)``): a precision
+    plugin's converter, whose callers decide which model it is given."""
+    scopes = site.scopes
+    function = site.scope
+    if not (
+        isinstance(function, cst.FunctionDef)
+        and len(scopes) >= 2
+        and isinstance(scopes[-2], cst.ClassDef)
+        and not function.name.value.startswith("__")
+        and isinstance(call.func, cst.Attribute)
+    ):
+        return None
+    receiver = chain_root(call.func.value)
+    if not isinstance(receiver, cst.Name) or receiver.value in {"self", "cls"}:
+        return None
+    name = receiver.value
+    found = prov.lookup(name, site)
+    if not found or not any(b.kind == "param" for b, _ in found):
+        return None
+    for binding, _ in found:
+        value = binding.value
+        if binding.kind == "param":
+            continue
+        root = chain_root(value) if value is not None else None
+        if not (isinstance(root, cst.Name) and root.value == name):
+            return None  # the parameter is replaced by something else on some path
+    statement = site.statement
+    if isinstance(statement, cst.SimpleStatementLine):
+        statement = statement.body[0] if len(statement.body) == 1 else statement
+    returned = isinstance(statement, cst.Return) and statement.value is call
+    if not returned and isinstance(statement, cst.Assign):
+        targets = statement.targets
+        returned = (
+            statement.value is call
+            and len(targets) == 1
+            and isinstance(targets[0].target, cst.Name)
+            and targets[0].target.value == name
+            and any(
+                isinstance(r.value, cst.Name) and r.value.value == name
+                for r, _ in prov.index.scope(function).returns
+            )
+        )
+    return function.name.value if returned else None

@@ -53,6 +53,9 @@ class GateCacheBinding:
     """Set when ``value`` is copied into the existing gate cache (``g_cache[slot] = x``,
     ``g_cache.copy_(x)``): the cache keeps its dtype, and only how precisely ``value`` was
     computed reaches it. Such bindings go to the receivers of writes only."""
+    holds_list: bool = False
+    """Set when the target is a whole list of rings (``cache.g_caches = loaded``, of a class that
+    appends to it): the value is a sequence of tensors, which has no ``.to``."""
 
 
 BindingReceiver = Callable[[GateCacheBinding], None]
@@ -264,7 +267,13 @@ class BindingWalker(Visitor):
             name = inner  # `self.g_cache.data = x` replaces the cache's contents and dtype
         if name is not None and self.names.matches(name):
             display = self.module.code_for_node(target).strip()
-            self._found(GateCacheBinding(name, display, value, stmt, self.site(), shared_with))
+            whole = isinstance(target, (cst.Name, cst.Attribute)) and binding_name(target) == name
+            holds_list = whole and self._is_list(name, _held_elsewhere(target))
+            self._found(
+                GateCacheBinding(
+                    name, display, value, stmt, self.site(), shared_with, holds_list=holds_list
+                )
+            )
         elif name is None and isinstance(target, cst.Subscript):
             self._written(target, value, stmt)
 

@@ -217,6 +217,23 @@ class ProjectIndex:
                     return True
         return False
 
+    def calls_method(self, name: str) -> bool:
+        """Whether some module of the project calls a method ``name`` (``x.name(``). Every
+        module's text is read, so the answer depends on each of them (recorded as used)."""
+        pattern = re.compile(rb"\.\s*" + re.escape(name.encode()) + rb"\s*\(")
+        found = False
+        for path in self.modules.values():
+            read = self._contents.get(os.path.abspath(path))
+            if read is None and self.reader is not None:
+                read = self.reader(path)
+                if read is not None:
+                    self._contents[os.path.abspath(path)] = read
+            if read is None:
+                return False  # a module that cannot be read: the caster is judged where it is
+            self._used[os.path.abspath(path)] = read[1]
+            found = found or pattern.search(read[0]) is not None
+        return found
+
     def imported_modules(self, module: str) -> list[str]:
         """The project modules ``module`` imports from (``from pkg import utils``: ``pkg`` and
         ``pkg.utils``), itself left out."""

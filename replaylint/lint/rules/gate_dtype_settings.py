@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.dtype_tables import gate_dtype_name, narrower_literals
+from replaylint.lint.dataflow.dtype_tables import (
+    gate_dtype_name,
+    narrower_in,
+    narrower_literals,
+)
+from replaylint.lint.dataflow.imported import element_dtype_facts
+from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.dataflow.unpacked import unpacked_elements
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.config_settings import report_string_setting
 from replaylint.lint.rules.wording import WHY, literal_names
 from replaylint.lint.syntax.sites import Site
 
-__all__ = ["SETTING_INVALID", "SETTING_VALID", "report_returned_setting", "report_setting"]
+__all__ = [
+    "SETTING_INVALID",
+    "SETTING_VALID",
+    "report_returned_setting",
+    "report_setting",
+    "report_unpacked_settings",
+]
 
 
 def report_setting(
@@ -26,6 +39,39 @@ def report_setting(
     name = gate_dtype_name(rule.provenance, target, site) if value is not None else None
     if name is not None and value is not None:
         _setting(rule, name, value, site, "is set to")
+
+
+def report_unpacked_settings(rule: Rule, node: cst.Assign) -> None:
+    """``ring_dtype, gate_dtype = RING_DTYPES[mode]``: each unpacked name named for the gate
+    cache's dtype is set to its element, judged where that element is written (a literal of
+    the tuple, an entry of a table of the module; of each entry when the key is not known), or
+    at the value for a table or function of another module of the project."""
+    site = rule.site()
+    prov = rule.provenance
+    for target in node.targets:
+        names = target.target
+        if not isinstance(names, (cst.Tuple, cst.List)):
+            continue
+        for position, element in enumerate(names.elements):
+            name = gate_dtype_name(prov, element.value, site)
+            if name is None or isinstance(element, cst.StarredElement):
+                continue
+            found = unpacked_elements(prov, node.value, position, site, NO_ENV)
+            if found is not None:
+                for value, where in found:
+                    _setting(rule, name, value, where, "is set to")
+                continue
+            facts = element_dtype_facts(prov, node.value, position, site, NO_ENV)
+            narrower = narrower_in(facts or ())
+            if narrower:
+                origins = sorted({f.origin for f in facts or () if not f.is_float32 and f.origin})
+                whence = f" ({'; '.join(origins)})" if origins else ""
+                verb = "may be set to" if any(f.is_float32 for f in facts or ()) else "is set to"
+                rule.report(
+                    node.value,
+                    f"`{name}`, named for the gate cache's dtype, {verb} "
+                    f"{literal_names(narrower)}{whence}; {WHY}",
+                )
 
 
 def report_returned_setting(rule: Rule, node: cst.Return) -> None:
@@ -55,7 +101,11 @@ def _setting(rule: Rule, name: str, value: cst.BaseExpression, site: Site, verb:
         return
     facts = rule.provenance.dtype_facts(value, site)
     origins = sorted({f.origin for f in facts if not f.is_float32 and f.origin})
-    whence = f" ({'; '.join(origins)})" if isinstance(value, cst.Call) and origins else ""
+    whence = (
+        f" ({'; '.join(origins)})"
+        if isinstance(value, (cst.Call, cst.Subscript)) and origins
+        else ""
+    )
     rule.report(
         value,
         f"`{name}`, named for the gate cache's dtype, {verb} {literal_names(narrower)}"
@@ -85,6 +135,21 @@ SETTING_VALID: tuple[Valid, ...] = (
         def build(cache_cls, mode, given=None):
             gate_dtype = given if given is not None else log_decay_dtype(mode)
             return cache_cls(gate_dtype=gate_dtype)
+        """
+    ),
+    Valid(
+        """
+        import torch
+
+        # (d/k rings, log-decay ring) per activation dtype
+        RING_DTYPES = {
+            "float16": (torch.float16, torch.float32),
+            "bfloat16": (torch.bfloat16, torch.float32),
+        }
+
+        def build(cache_cls, mode):
+            ring_dtype, gate_dtype = RING_DTYPES[mode]
+            return cache_cls(ring_dtype=ring_dtype, gate_dtype=gate_dtype)
         """
     ),
 )
@@ -124,5 +189,36 @@ SETTING_INVALID: tuple[Invalid, ...] = (
             return cache_cls(gate_dtype=gate_dtype)
         """,
         message_contains="`gate_dtype`, named for the gate cache's dtype, is set to torch.float16",
+    ),
+    Invalid(
+        """
+        import torch
+
+        # (d/k rings, log-decay ring) per activation dtype
+        RING_DTYPES = {
+            "float16": (torch.float16, torch.float32),
+            "bfloat16": (torch.bfloat16, torch.bfloat16),
+        }
+
+        def build(cache_cls, mode):
+            # any entry of the table may be unpacked here
+            ring_dtype, gate_dtype = RING_DTYPES[mode]
+            return cache_cls(ring_dtype=ring_dtype, gate_dtype=gate_dtype)
+        """,
+        expected_fix="""
+        import torch
+
+        # (d/k rings, log-decay ring) per activation dtype
+        RING_DTYPES = {
+            "float16": (torch.float16, torch.float32),
+            "bfloat16": (torch.bfloat16, torch.float32),
+        }
+
+        def build(cache_cls, mode):
+            # any entry of the table may be unpacked here
+            ring_dtype, gate_dtype = RING_DTYPES[mode]
+            return cache_cls(ring_dtype=ring_dtype, gate_dtype=gate_dtype)
+        """,
+        message_contains="`gate_dtype`, named for the gate cache's dtype, is set to torch.bfloat16",
     ),
 )

@@ -30,7 +30,7 @@ from replaylint.lint.dataflow.submodules import (
     held_module_cast,
     passed_classes,
 )
-from replaylint.lint.dataflow.unknown_modules import unknown_module
+from replaylint.lint.dataflow.unknown_modules import converter_method, unknown_module
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.guard import protect_before_cast
 from replaylint.lint.rules.buffer_loops import (
@@ -286,6 +286,9 @@ class ModuleCasts:
         local = next(iter(holders.buffers.values()), None)
         if not unknown_module(prov, receiver, site, self._holder_bases(holders)):
             return None
+        converter = converter_method(prov, call, site)
+        if converter is not None and index is not None and index.calls_method(converter):
+            return None  # its callers are judged by what they pass (`helper_finding`)
         if local is not None:
             holder, name = local.cls.name.value, local.name
             where = f"on line {self._context.line_of(local.node)}"

@@ -18,6 +18,7 @@ from replaylint.lint.rules.gate_dtype_settings import (
     SETTING_VALID,
     report_returned_setting,
     report_setting,
+    report_unpacked_settings,
 )
 from replaylint.lint.rules.record_tables import (
     RECORD_INVALID,
@@ -534,6 +535,7 @@ checked.
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) == 1 and len(self.site().scopes) > 1:
             self._gate_dtype(node.targets[0].target, node.value)
+            report_unpacked_settings(self, node)
 
     def visit_Param(self, node: cst.Param) -> None:
         self._gate_dtype(node.name, node.default)

@@ -475,6 +475,7 @@ loaded value — device, shape, layout — changes.
             container = (
                 fact.target is None
                 or self.context.gate_caches.is_plural(binding.name)
+                or (binding.holds_list and not _built_sequence(binding.value))
                 or _sequence_of(binding.value, *(b.value for b in fact.via))
             )
             note = (
@@ -495,6 +496,12 @@ loaded value — device, shape, layout — changes.
                     Applicability.SAFE,
                 ),
             )
+
+
+def _built_sequence(value: cst.BaseExpression) -> bool:
+    """``[torch.from_numpy(a) for a in arrays]``: a list the statement builds, whose elements
+    are cast one by one (a value that is the whole list, loaded, has no ``.to``)."""
+    return isinstance(value, (cst.List, cst.ListComp, cst.Tuple, cst.GeneratorExp))
 
 
 def _sequence_of(*values: cst.BaseExpression | None) -> bool:

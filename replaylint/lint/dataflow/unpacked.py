@@ -1,0 +1,139 @@
+"""Names unpacked from a tuple: ``ring_dtype, gate_dtype = RING_DTYPES[mode]``.
+
+The element a name takes is followed through the module: a tuple or list literal, a local bound
+to one, and an entry of a dict literal (``TABLE["bfloat16"]``). A key the analysis cannot read
+(``TABLE[mode]`` of a parameter) may be any of the table's keys, so the name may hold the
+element of each entry: the table decides, and one narrower entry makes the name not provably
+float32. Tables and calls of other modules of the project are read through the project index
+(:func:`replaylint.lint.dataflow.imported.element_dtype_facts`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow import imported, records
+from replaylint.lint.syntax.nodes import plain_elements
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.facts import DtypeFact
+    from replaylint.lint.dataflow.provenance import Provenance
+    from replaylint.lint.dataflow.scopes import Binding
+    from replaylint.lint.dataflow.strings import Env
+
+_MAX_DEPTH = 4
+Element = tuple[cst.BaseExpression, Site]
+
+
+def unpacked_dtypes(
+    prov: Provenance, binding: Binding, site: Site, env: Env
+) -> tuple[DtypeFact, ...] | None:
+    """The dtypes of the element a name unpacked from a tuple takes; None when that is not
+    read (the name was not unpacked, or its element cannot be followed)."""
+    unpacked = records.unpacked(binding) if binding.kind == "assign" else None
+    if unpacked is None:
+        return None
+    value, position = unpacked
+    elements = unpacked_elements(prov, value, position, site, env)
+    if elements is not None:
+        return tuple(f for e, where in elements for f in prov.dtype_facts(e, where, env))
+    if prov.project is None:
+        return None
+    return imported.element_dtype_facts(prov, value, position, site, env)
+
+
+def unpacked_elements(
+    prov: Provenance, value: cst.BaseExpression, position: int, site: Site, env: Env
+) -> list[Element] | None:
+    """Element ``position`` of ``value`` for each way ``value`` may be made; None when one of
+    them cannot be read."""
+    return _elements(prov, value, position, site, env, 0)
+
+
+def _elements(
+    prov: Provenance,
+    value: cst.BaseExpression,
+    position: int,
+    site: Site,
+    env: Env,
+    depth: int,
+) -> list[Element] | None:
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(value, (cst.Tuple, cst.List)):
+        elements = plain_elements(value)
+        if elements is None or position >= len(elements):
+            return None
+        return [(elements[position], site)]
+    if isinstance(value, cst.Name):
+        found = prov.lookup(value.value, site, env)
+        if not found or any(b.kind != "assign" or b.value is None for b, _ in found):
+            return None
+        gathered: list[Element] = []
+        for binding, binding_site in found:
+            assert binding.value is not None
+            if binding.value is value:
+                return None
+            inner = _elements(prov, binding.value, position, binding_site, env, depth + 1)
+            if inner is None:
+                return None
+            gathered.extend(inner)
+        return gathered
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1:
+        index = value.slice[0].slice
+        table = _dict_literal(prov, value.value, site, env)
+        if table is None or not isinstance(index, cst.Index):
+            return None
+        mapping, table_site = table
+        key = prov.string_value(index.value, site, env)
+        entries = [
+            e.value
+            for e in mapping.elements
+            if isinstance(e, cst.DictElement)
+            and (key is None or prov.string_value(e.key, table_site) == key)
+        ]
+        if not entries or (key is None and len(entries) != len(mapping.elements)):
+            return None  # no such entry, or a `**spread` that may hold any key
+        gathered = []
+        for entry in entries[-1:] if key is not None else entries:
+            inner = _elements(prov, entry, position, table_site, env, depth + 1)
+            if inner is None:
+                return None
+            gathered.extend(inner)
+        return gathered
+    return None
+
+
+def _dict_literal(
+    prov: Provenance, table: cst.BaseExpression, site: Site, env: Env
+) -> tuple[cst.Dict, Site] | None:
+    """The dict literal a name is bound to, once, and where."""
+    if isinstance(table, cst.Dict):
+        return table, site
+    if not isinstance(table, cst.Name):
+        return None
+    found = prov.lookup(table.value, site, env)
+    if not found or len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    if binding.kind != "assign" or not isinstance(binding.value, cst.Dict):
+        return None
+    if _may_change(prov.index.source, binding.name):
+        return None  # `TABLE[key] = ...` elsewhere: the literal is not all it holds
+    return binding.value, binding_site
+
+
+def _may_change(source: str | None, name: str) -> bool:
+    """Whether the text may write an entry of the dict ``name`` (an item assignment or a
+    method that changes it): a superset read from the text."""
+    if source is None:
+        return True
+    written = re.compile(
+        rf"\b{re.escape(name)}\s*(?:\[[^\]\n]*\]\s*(?:=(?!=)|[-+*/|]=)"
+        rf"|\.\s*(?:update|setdefault|pop|popitem|clear)\s*\()"
+    )
+    return written.search(source) is not None
