@@ -314,3 +314,78 @@ def test_a_table_the_module_writes_to_is_not_read_as_its_literal() -> None:
     )
     findings = Linter().check(source, "m.py")
     assert [f for f in findings if f.location.row == 7] == []
+
+
+_FILLED_RECORD = """
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StateDtypes:
+    ring: torch.dtype = torch.bfloat16
+    gate: torch.dtype | None = None
+    state: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.gate is None:
+            self.gate = {fill}
+
+
+def allocate(shapes, dtypes: StateDtypes):
+    return {{
+        name: torch.zeros(shape, dtype=dtypes.gate if name == "g_cache" else dtypes.ring)
+        for name, shape in shapes.items()
+    }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("fill", "expected"),
+    [
+        # the gate left unset follows the d/k rings: reported where the record fills it in,
+        # not again at the comprehension that reads the field
+        ("self.ring", [(15, "RL002")]),
+        ("torch.float32", []),
+        ("self.state", []),  # float32 by its default, which no construction here overrides
+    ],
+)
+def test_a_record_that_fills_its_gate_field_is_judged_where_it_does(
+    fill: str, expected: list[tuple[int, str]]
+) -> None:
+    findings = Linter().check(_FILLED_RECORD.format(fill=fill), "m.py")
+    assert [(f.location.row, f.code) for f in findings] == expected
+
+
+_STATE_TABLE = """
+import torch
+
+# (ring, gate, checkpoint state) dtypes for each trainer precision
+STATE_DTYPES = {
+    "32": (torch.float32, torch.float32, torch.float32),
+    "16-mixed": (torch.float16, torch.float16, torch.float32),
+}
+SHAPES = {"32": (4, 8, 16)}
+"""
+
+_STATE_USER = """
+from .precision import SHAPES, STATE_DTYPES
+
+
+def from_precision(precision, make):
+    ring, gate, state = STATE_DTYPES[precision]
+    return {"g_cache": make(ring, gate, state)}
+
+
+def shapes(precision, make):
+    d, g, s = SHAPES[precision]  # sizes, not dtypes: `g` is no gate dtype here
+    return make(d, g, s)
+"""
+
+
+def test_the_gate_word_among_names_unpacked_from_a_tuple_of_dtypes(tmp_path: Path) -> None:
+    files = {"pkg/__init__.py": "", "pkg/precision.py": _STATE_TABLE, "pkg/user.py": _STATE_USER}
+    found = lint_in_project(tmp_path, files, "pkg/user.py")
+    assert [(f.location.row, f.code) for f in found] == [(5, "RL001")]
+    assert "may be set to torch.float16 (from `STATE_DTYPES` at " in found[0].message

@@ -361,3 +361,91 @@ def test_a_parameter_of_a_class_with_a_later_installed_part_may_hold_it(tmp_path
     ).format(before="", after="")
     files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
     assert [f.code for f in lint_in_project(tmp_path, files, "pkg/serving.py")] == ["RL004"]
+
+
+_RING_CACHE = """
+import torch
+from torch import nn
+
+
+class ReplayCache(nn.Module):
+    def __init__(self, n, dtype=None):
+        super().__init__()
+        self.register_buffer("d_cache", torch.zeros(n, dtype=dtype))
+        self.register_buffer("g_cache", torch.zeros(n, dtype=torch.float32))
+"""
+
+_SET_FROM_OUTSIDE = """
+import torch
+from torch import nn
+
+from .cache import ReplayCache
+
+
+class Attention(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.proj = nn.Linear(n, n)
+        self.kv_cache = None
+
+    def build_kv_cache(self, n):
+        return ReplayCache(n, self.proj.weight.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.attn = Attention(n)
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(n) for _ in range(2))
+
+    def set_kv_cache(self, n):
+        for block in self.blocks:
+            block.attn.kv_cache = block.attn.build_kv_cache(n)
+
+    def export(self, dtype):
+        for block in self.blocks:
+            {cast}
+"""
+
+
+@pytest.mark.parametrize(
+    ("cast", "reported"),
+    [
+        ("block.attn.kv_cache.half()", True),
+        ("block.attn.kv_cache.to(dtype)", True),
+        # a device move converts nothing
+        ('block.attn.kv_cache.to("cpu")', False),
+    ],
+)
+def test_an_attribute_the_module_sets_to_an_imported_holder_is_one(
+    tmp_path: Path, cast: str, reported: bool
+) -> None:
+    # `block.attn.kv_cache` is set from outside its class: every value the module gives an
+    # attribute of that name is what `Attention.build_kv_cache` returns, a `ReplayCache`
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": _RING_CACHE,
+        "pkg/model.py": _SET_FROM_OUTSIDE.format(cast=cast),
+    }
+    found = lint_in_project(tmp_path, files, "pkg/model.py")
+    rows = [(f.location.row, f.code) for f in found]
+    assert rows == ([(34, "RL004")] if reported else [])
+    if reported:
+        assert "the gate buffer `g_cache` of `ReplayCache`" in found[0].message
+
+
+def test_an_attribute_given_values_of_two_classes_is_not_guessed(tmp_path: Path) -> None:
+    model = _SET_FROM_OUTSIDE.format(cast="block.attn.kv_cache.half()").replace(
+        "    def export(self, dtype):",
+        "    def drop(self, n):\n"
+        "        for block in self.blocks:\n"
+        "            block.attn.kv_cache = nn.Linear(n, n)\n\n"
+        "    def export(self, dtype):",
+    )
+    files = {"pkg/__init__.py": "", "pkg/cache.py": _RING_CACHE, "pkg/model.py": model}
+    assert lint_in_project(tmp_path, files, "pkg/model.py") == []

@@ -8,8 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from project_support import cli_rows, fix_in_project, lint_in_project, write_tree
+from project_support import cli_rows, fix_in_project, index_of, lint_in_project, write_tree
 
+from replaylint.lint.engine import Linter
+from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.run.name_tables import tables_in
 from replaylint.lint.run.record_classes import record_class_names
 
 _PRECISION = """
@@ -130,3 +133,66 @@ def test_the_record_classes_are_listed_from_the_files_that_mention_records(
     paths = sorted(tmp_path.glob("*.py"))
     found = record_class_names(paths, 1, lambda path: path.read_bytes())
     assert found == {"RingDtypes", "Rings"}
+
+
+_NAMED_TUPLE_CONFIGS = """
+from typing import NamedTuple
+
+import torch
+
+DTYPE_MAP = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ReplayRingDType(NamedTuple):
+    d: torch.dtype
+    k: torch.dtype
+    g: torch.dtype
+"""
+
+_SERVER_ARGS = """
+from dataclasses import dataclass
+
+from .configs import DTYPE_MAP, ReplayRingDType
+
+
+@dataclass
+class ServerArgs:
+    replay_ring_dtype: str = "bfloat16"
+
+
+def ring_dtypes(server_args: ServerArgs) -> ReplayRingDType:
+    ring = DTYPE_MAP[server_args.replay_ring_dtype]
+    return ReplayRingDType(d=ring, k=ring, g=ring)
+
+
+def ring_dtypes_fp32_gates(server_args: ServerArgs) -> ReplayRingDType:
+    ring = DTYPE_MAP[server_args.replay_ring_dtype]
+    return ReplayRingDType(d=ring, k=ring, g=DTYPE_MAP["float32"])
+"""
+
+
+def test_a_file_that_only_builds_an_imported_dtype_record_is_analysed(tmp_path: Path) -> None:
+    # `server_args.py` names no gate cache: the record's gate field lets it through the
+    # pre-filter; a key of the table not known here may pick any of its entries
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        "pkg/__init__.py": "",
+        "pkg/configs.py": _NAMED_TUPLE_CONFIGS,
+        "pkg/server_args.py": _SERVER_ARGS,
+    }
+    write_tree(tmp_path, files)
+    for cache in ((), ("--no-cache",)):
+        rows = [row for row in cli_rows(tmp_path, *cache) if row[0] == "pkg/server_args.py"]
+        assert rows == [("pkg/server_args.py", 13, "RL001")]
+    index = index_of(sorted(tmp_path.rglob("*.py")))
+    index.name_tables = frozenset({"ReplayRingDType"})  # what the run's table pass finds
+    path = tmp_path / "pkg/server_args.py"
+    found = Linter(project=index).check(path.read_text(encoding="utf-8"), str(path))
+    assert [f.location.row for f in found] == [13]
+    assert "`g` of `ReplayRingDType`, the gate ring's dtype, may be given" in found[0].message
+
+
+def test_a_record_class_with_a_gate_dtype_field_is_a_name_table() -> None:
+    assert tables_in(_NAMED_TUPLE_CONFIGS.encode(), GateCacheNames()) == {"ReplayRingDType"}
+    plain = b"class Shape(NamedTuple):\n    g: int\n"
+    assert tables_in(plain, GateCacheNames()) == set()

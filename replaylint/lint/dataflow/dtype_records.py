@@ -16,19 +16,19 @@ declared as (a construction that gives it a dtype literal says what it holds).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import libcst as cst
 
 from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
 from replaylint.lint.project.index import Found
-from replaylint.lint.syntax.nodes import dotted_name, keyword_arg, record_fields
+from replaylint.lint.syntax.nodes import dotted_name, is_none_literal, keyword_arg, record_fields
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-__all__ = ["GateField", "gate_field_arguments", "spread_elements"]
+__all__ = ["GateField", "gate_field_arguments", "record_dtype_fields", "spread_elements"]
 
 _MAX_SPREAD = 64  # a repeated tuple longer than this is no record of ring dtypes
 
@@ -99,9 +99,21 @@ def _record_shape(prov: Provenance, call: cst.Call) -> _RecordShape | None:
     members, flags = found.definition[2], found.definition[3]
     names = [name for name, member in members.items() if member[0] == "field"]
     positional = flags.get("fields")
-    if not names or not flags.get("record") or flags.get("bases"):
+    if not names or not flags.get("record") or (flags.get("bases") and not _named_tuple(flags)):
         return None
     return names, positional if isinstance(positional, list) else None, None
+
+
+def _named_tuple(flags: dict[str, Any]) -> bool:
+    """Whether a class's only base is ``NamedTuple``: its fields are its own."""
+    facts = flags.get("module")
+    bases = facts.get("bases") if isinstance(facts, dict) else None
+    return (
+        isinstance(bases, list)
+        and len(bases) == 1
+        and isinstance(bases[0], list)
+        and str(bases[0][-1]).endswith("NamedTuple")
+    )
 
 
 def _project_record(prov: Provenance, call: cst.Call) -> Found | None:
@@ -127,7 +139,7 @@ def _record_class(prov: Provenance, call: cst.Call) -> cst.ClassDef | None:
 
 
 def _dtype_fields(cls: cst.ClassDef) -> set[str]:
-    """The fields ``cls`` declares as ``name: torch.dtype``."""
+    """The fields ``cls`` declares as ``name: torch.dtype`` (optional included)."""
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
     return {
         small.target.value
@@ -136,8 +148,47 @@ def _dtype_fields(cls: cst.ClassDef) -> set[str]:
         for small in statement.body
         if isinstance(small, cst.AnnAssign)
         and isinstance(small.target, cst.Name)
-        and dotted_name(small.annotation.annotation) == "torch.dtype"
+        and _torch_dtype(small.annotation.annotation)
     }
+
+
+def _torch_dtype(annotation: cst.BaseExpression) -> bool:
+    """``torch.dtype``, ``torch.dtype | None`` or ``Optional[torch.dtype]``."""
+    if isinstance(annotation, cst.BinaryOperation) and isinstance(annotation.operator, cst.BitOr):
+        parts = [annotation.left, annotation.right]
+        return any(_torch_dtype(p) for p in parts) and all(
+            _torch_dtype(p) or is_none_literal(p) for p in parts
+        )
+    if isinstance(annotation, cst.Subscript) and dotted_name(annotation.value) in _OPTIONAL:
+        inner = annotation.slice[0].slice if len(annotation.slice) == 1 else None
+        return isinstance(inner, cst.Index) and _torch_dtype(inner.value)
+    return dotted_name(annotation) == "torch.dtype"
+
+
+_OPTIONAL = frozenset({"Optional", "typing.Optional"})
+
+
+def record_dtype_fields(prov: Provenance, cls: cst.ClassDef) -> tuple[str, set[str]] | None:
+    """The gate-dtype field of the record class ``cls`` of this module, and every field it
+    declares a dtype; None when it has no such field."""
+    fields = record_fields(cls)
+    if not fields:
+        return None
+    declared = _dtype_fields(cls)
+    if len(declared) < 2:
+        return None  # a record of one dtype sets no ring's apart from another's
+    gate_caches = prov.index.gate_caches
+    gates = [
+        name
+        for name, _ in fields
+        if name in declared
+        and (
+            name.lower() in GATE_FIELD_WORDS
+            or gate_caches.names_gate_dtype(name)
+            or gate_caches.matches(name)
+        )
+    ]
+    return (gates[0], declared) if len(gates) == 1 else None
 
 
 def _gate_dtype_field(

@@ -45,11 +45,13 @@ from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.annotations import annotated_name, wrapped_class
 from replaylint.lint.syntax.nodes import (
     dotted_name,
+    is_none_literal,
     plain_element,
     properties_named,
     self_attribute,
 )
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 __all__ = [
     "ImportedGateBuffer",
@@ -60,6 +62,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from replaylint.lint.dataflow.index import ModuleIndex
     from replaylint.lint.dataflow.provenance import Provenance
 
 _MAX_DEPTH = 6
@@ -160,7 +163,9 @@ def _instance(
                 and len(expr.args) == 1
             ):
                 return _element(prov, expr.args[0].value, site, depth + 1)
-        local = called_function(prov.index, prov, expr, site)
+        local = called_function(prov.index, prov, expr, site) or _method_of_part(
+            prov, func, site, depth
+        )
         if local is not None:
             return _returned_here(prov, local, depth, position)
         return _returned_class(prov, func, site, position)
@@ -200,8 +205,74 @@ def _instance(
         assert isinstance(expr, cst.Attribute)
         return _attribute_instance(prov, holder, expr.attr.value, depth)
     if position is None and isinstance(expr, cst.Attribute):
-        return _part(prov, expr, site, depth)
+        return _part(prov, expr, site, depth) or _assigned_here(prov, expr.attr.value, depth)
     return None
+
+
+def _method_of_part(
+    prov: Provenance, func: cst.BaseExpression, site: Site, depth: int
+) -> CalledFunction | None:
+    """``block.attn.build_cache`` with ``block.attn`` an instance of a class of this module
+    (found through the project index): that class's method."""
+    if not isinstance(func, cst.Attribute) or prov.project is None:
+        return None
+    owner = _instance(prov, func.value, site, depth + 1)
+    if owner is None or owner.module != prov.project.module:
+        return None
+    for statement in prov.index.module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == owner.name:
+            for binding in prov.index.scope(statement).bindings.get(func.attr.value, ()):
+                method = binding.node
+                if binding.kind == "definition" and isinstance(method, cst.FunctionDef):
+                    if method.decorators:
+                        return None  # a static or class method, or one wrapped
+                    return method, (prov.index.module, statement, method), True
+    return None
+
+
+def _assigned_here(prov: Provenance, attribute: str, depth: int) -> Found | None:
+    """``block.attn.kv_cache`` of a holder the analysis cannot follow, where every value the
+    module gives an attribute of that name (``block.attn.kv_cache = attn.build_cache(...)``,
+    ``= None``) is an instance of one project class: that class."""
+    values = assigned_attributes(prov.index).get(attribute)
+    if not values:
+        return None
+    sites = prov.index.call_sites()
+    classes: set[tuple[str, str]] = set()
+    found: Found | None = None
+    for value in values:
+        where = sites.get(id(value)) if isinstance(value, cst.Call) else None
+        made = None if where is None else _instance(prov, value, where, depth + 1)
+        if made is None:
+            return None
+        classes.add((made.module, made.name))
+        found = made
+    return found if len(classes) == 1 else None
+
+
+_ASSIGNED = ("imported_modules.assigned", 0)
+
+
+def assigned_attributes(index: ModuleIndex) -> dict[str, list[cst.BaseExpression]]:
+    """Attribute name -> every value the module assigns to ``<anything>.<name>`` (``None``
+    left out: an attribute cleared holds no other class), read in one walk."""
+    known: dict[str, list[cst.BaseExpression]] | None = index.memo.get(_ASSIGNED)
+    if known is None:
+        known = {}
+        for node in descendants(index.module):
+            if isinstance(node, cst.Assign):
+                targets = [t.target for t in node.targets]
+            elif isinstance(node, cst.AnnAssign) and node.value is not None:
+                targets = [node.target]
+            else:
+                continue
+            value = node.value
+            assert value is not None
+            for target in targets:
+                if isinstance(target, cst.Attribute) and not is_none_literal(value):
+                    known.setdefault(target.attr.value, []).append(value)
+        index.memo[_ASSIGNED] = known
+    return known
 
 
 _MODULE_CONTAINERS = frozenset({"ModuleList", "Sequential"})

@@ -28,9 +28,14 @@ _LONGEST_WORD = 256  # how far left of a core to look for the start of its ident
 _QUOTED = ('"', "'", 's"', "s'")
 # A record of the rings' dtypes declares the gate ring's field by its word alone
 # (:mod:`replaylint.lint.dataflow.dtype_records`); other names of it contain a core already.
-_RECORD_FIELD_NEEDLES = tuple(f"{word}: torch.dtype" for word in sorted(GATE_FIELD_WORDS))
+_RECORD_FIELD_NEEDLES = tuple(
+    f"{word}: {annotation}"
+    for word in sorted(GATE_FIELD_WORDS)
+    for annotation in ("torch.dtype", "Optional[torch.dtype]")
+)
 _RECORD_FIELD = re.compile(
-    rf"^[ \t]+(?:{'|'.join(sorted(GATE_FIELD_WORDS))})[ \t]*:[ \t]*torch\.dtype\b",
+    rf"^[ \t]+(?:{'|'.join(sorted(GATE_FIELD_WORDS))})[ \t]*:[ \t]*"
+    r"(?:Optional\[[ \t]*)?torch\.dtype\b",
     re.MULTILINE | re.IGNORECASE,
 )
 

@@ -20,8 +20,8 @@ from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.record_names import imported_record_requires
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
-from replaylint.lint.syntax.nodes import record_fields
-from replaylint.lint.syntax.traversal import syntax_children
+from replaylint.lint.syntax.nodes import is_none_literal, record_fields
+from replaylint.lint.syntax.traversal import descendants, syntax_children
 
 
 def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNode) -> bool:
@@ -90,9 +90,32 @@ def _record_gate_field(
     for cls in index.classes():
         if cls.name.value == annotation.value:
             fields = record_fields(cls)
-            return fields is not None and any(n == field and d is None for n, d in fields)
+            return fields is not None and any(
+                n == field and (d is None or (is_none_literal(d) and _filled_later(cls, field)))
+                for n, d in fields
+            )
     imported = sorted(index.qualified_names(annotation))
     return len(imported) == 1 and imported_record_requires(context.provenance, imported[0], field)
+
+
+def _filled_later(cls: cst.ClassDef, field: str) -> bool:
+    """Whether the record's ``__post_init__`` assigns ``self.<field>`` (a None default it
+    replaces, judged there)."""
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ()
+    for statement in body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__post_init__":
+            return any(
+                isinstance(node, cst.Assign)
+                and any(
+                    isinstance(t.target, cst.Attribute)
+                    and isinstance(t.target.value, cst.Name)
+                    and t.target.value.value == "self"
+                    and t.target.attr.value == field
+                    for t in node.targets
+                )
+                for node in descendants(statement)
+            )
+    return False
 
 
 def _parameter_annotation(

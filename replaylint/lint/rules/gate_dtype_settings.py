@@ -16,6 +16,7 @@ from replaylint.lint.dataflow.dtype_tables import (
 from replaylint.lint.dataflow.imported import element_dtype_facts
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.unpacked import unpacked_elements
+from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.config_settings import report_string_setting
 from replaylint.lint.rules.wording import WHY, literal_names
@@ -53,7 +54,9 @@ def report_unpacked_settings(rule: Rule, node: cst.Assign) -> None:
         if not isinstance(names, (cst.Tuple, cst.List)):
             continue
         for position, element in enumerate(names.elements):
-            name = gate_dtype_name(prov, element.value, site)
+            name = gate_dtype_name(prov, element.value, site) or _gate_of_dtypes(
+                rule, names, position, node.value
+            )
             if name is None or isinstance(element, cst.StarredElement):
                 continue
             found = unpacked_elements(prov, node.value, position, site, NO_ENV)
@@ -72,6 +75,31 @@ def report_unpacked_settings(rule: Rule, node: cst.Assign) -> None:
                     f"`{name}`, named for the gate cache's dtype, {verb} "
                     f"{literal_names(narrower)}{whence}; {WHY}",
                 )
+
+
+def _gate_of_dtypes(
+    rule: Rule, names: cst.Tuple | cst.List, position: int, value: cst.BaseExpression
+) -> str | None:
+    """``ring, gate, state = STATE_DTYPES[precision]``: a name that is the gate ring's word
+    (``gate``, ``g``, ``log_decay``) among names unpacked from a tuple of dtypes only (every
+    element a floating dtype literal): the gate ring's dtype."""
+    element = names.elements[position].value
+    word = element.value if isinstance(element, cst.Name) else None
+    if word is None or word.lower() not in GATE_FIELD_WORDS or len(names.elements) < 2:
+        return None
+    prov, site = rule.provenance, rule.site()
+    for other in range(len(names.elements)):
+        found = unpacked_elements(prov, value, other, site, NO_ENV)
+        if found is not None:
+            facts = [f for e, where in found for f in prov.dtype_facts(e, where)]
+        else:
+            facts = list(element_dtype_facts(prov, value, other, site, NO_ENV) or ())
+        if not facts or any(f.dtype not in _FLOATING for f in facts):
+            return None
+    return word
+
+
+_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def report_returned_setting(rule: Rule, node: cst.Return) -> None:

@@ -31,9 +31,11 @@ def report_narrow_gate_fields(rule: Rule, call: cst.Call) -> None:
         if narrower is None:
             continue
         record = rule.context.module.code_for_node(call.func).strip()
+        facts = rule.provenance.dtype_facts(gate.value, site)
+        verb = "may be given" if any(f.is_float32 for f in facts) else "is given"
         rule.report(
             gate.arg if gate.passed == "spread" else gate.value,
-            f"`{gate.field}` of `{record}`, the gate ring's dtype, is given "
+            f"`{gate.field}` of `{record}`, the gate ring's dtype, {verb} "
             f"{literal_names(narrower)}; {WHY}",
             fix=_fix(rule, gate),
         )

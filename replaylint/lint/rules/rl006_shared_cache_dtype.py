@@ -26,6 +26,7 @@ from replaylint.lint.gatecache.lists import list_names
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Rule, Valid
 from replaylint.lint.rules.buffer_loops import buffer_comprehension_cast, buffer_loop_cast
+from replaylint.lint.rules.declared_settings import declared_setting
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
 from replaylint.lint.rules.fromkeys_tables import (
     FROMKEYS_INVALID,
@@ -417,6 +418,11 @@ they were (safe).
         if id(fact.node) in self._reported:
             return
         self._reported.add(id(fact.node))
+        narrow = [d for d in fact.dtypes if not d.is_float32]
+        if narrow and all(
+            declared_setting(self.context, self.provenance.index, d.node) for d in narrow
+        ):
+            return  # `dtypes.gate` of `dtypes: RingDtypes`: judged where the record is built
         iterable = one_line(self.context.module, loop.iterable)
         condition = gate_name_test(variable, [env for _, env in gate_envs])
         treatment = loop_treatment(

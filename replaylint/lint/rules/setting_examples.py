@@ -33,6 +33,23 @@ SETTING_VALID: tuple[Valid, ...] = (
                 return self.gate_ring_precision  # the gate's own setting
         """
     ),
+    Valid(
+        """
+        from dataclasses import dataclass
+        from typing import Optional
+
+        import torch
+
+        @dataclass
+        class RingDtypes:
+            ring: torch.dtype = torch.bfloat16
+            gate: Optional[torch.dtype] = None
+
+            def __post_init__(self):
+                if self.gate is None:
+                    self.gate = torch.float32  # a gate left unset is float32
+        """
+    ),
 )
 SETTING_INVALID: tuple[Invalid, ...] = (
     Invalid(
@@ -192,5 +209,38 @@ SETTING_INVALID: tuple[Invalid, ...] = (
                 return {name: torch.zeros(s, dtype=dtypes[name]) for name, s in shapes.items()}
         """,
         message_contains="allocated with dtype `dtype` (line 7: `self.dtype`)",
+    ),
+    Invalid(
+        """
+        from dataclasses import dataclass
+        from typing import Optional
+
+        import torch
+
+        @dataclass
+        class RingDtypes:
+            ring: torch.dtype = torch.bfloat16
+            gate: Optional[torch.dtype] = None
+
+            def __post_init__(self):
+                if self.gate is None:
+                    self.gate = self.ring  # the gate follows the d/k rings
+        """,
+        expected_fix="""
+        from dataclasses import dataclass
+        from typing import Optional
+
+        import torch
+
+        @dataclass
+        class RingDtypes:
+            ring: torch.dtype = torch.bfloat16
+            gate: Optional[torch.dtype] = None
+
+            def __post_init__(self):
+                if self.gate is None:
+                    self.gate = torch.float32  # the gate follows the d/k rings
+        """,
+        message_contains="`gate` of `RingDtypes`, the gate ring's dtype, is set to `ring`",
     ),
 )

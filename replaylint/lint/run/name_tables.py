@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replaylint.lint.gatecache.grep import files_containing
-from replaylint.lint.gatecache.names import GateCacheNames
+from replaylint.lint.gatecache.names import GATE_FIELD_WORDS, GateCacheNames
 from replaylint.lint.run.cache import ResultCache
 
 __all__ = ["files_reading", "name_table_constants", "tables_in"]
@@ -31,6 +31,13 @@ _QUOTED_WORD = re.compile(rb"""['"]([A-Za-z_][A-Za-z0-9_]*)['"]""")
 # `return (...)`/`return {...}` in a function: the function's name is the table's
 _RETURNED_TABLE = re.compile(rb"^[ \t]+return[ \t]*(?=[(\[{])", re.MULTILINE)
 _DEFINITION = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+_CLASS = re.compile(rb"^[ \t]*class[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+# a record's field for the gate ring's dtype, as the pre-filter recognises it
+_GATE_DTYPE_FIELD = re.compile(
+    rb"^[ \t]+(?:" + b"|".join(w.encode() for w in sorted(GATE_FIELD_WORDS)) + rb")"
+    rb"[ \t]*:[ \t]*(?:Optional\[[ \t]*)?(?:torch\.)?dtype\b",
+    re.MULTILINE | re.IGNORECASE,
+)
 _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
 _BRACKET = re.compile(rb"[()\[\]{}]")
 
@@ -94,8 +101,11 @@ def files_reading(paths: Sequence[str], tables: frozenset[str], jobs: int) -> se
 
 def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
     """The constants of ``raw`` that list a gate cache's name; each candidate statement is cut
-    out at its closing bracket and parsed alone (a whole module would cost a parse per file)."""
-    found: set[str] = set()
+    out at its closing bracket and parsed alone (a whole module would cost a parse per file).
+    Also the record classes that declare a field for the gate ring's dtype (``g: torch.dtype``):
+    a file that builds one (``RingDtypes(d=ring, k=ring, g=ring)``) sets that dtype without
+    naming a gate cache."""
+    found = _dtype_records(raw)
     if raw.isascii() and not any(
         names.matches(word.decode("ascii")) for word in set(_QUOTED_WORD.findall(raw))
     ):
@@ -132,6 +142,21 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
         above = bisect.bisect_left([d.start() for d in definitions], match.start())
         if above:
             found.add(definitions[above - 1].group(1).decode("ascii"))
+    return found
+
+
+def _dtype_records(raw: bytes) -> set[str]:
+    """The classes of ``raw`` whose body declares a gate-dtype field (``g: torch.dtype``)."""
+    fields = [m.start() for m in _GATE_DTYPE_FIELD.finditer(raw)]
+    if not fields:
+        return set()
+    classes = list(_CLASS.finditer(raw))
+    starts = [c.start() for c in classes]
+    found: set[str] = set()
+    for field in fields:
+        above = bisect.bisect_left(starts, field)
+        if above:
+            found.add(classes[above - 1].group(1).decode("ascii"))
     return found
 
 
