@@ -389,3 +389,25 @@ def test_the_gate_word_among_names_unpacked_from_a_tuple_of_dtypes(tmp_path: Pat
     found = lint_in_project(tmp_path, files, "pkg/user.py")
     assert [(f.location.row, f.code) for f in found] == [(5, "RL001")]
     assert "may be set to torch.float16 (from `STATE_DTYPES` at " in found[0].message
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        # keyword-only: every call sets it as `gate_dtype=...`, judged where it is written
+        ("shape, *, gate_dtype=None", []),
+        # a positional parameter may be passed without its name: the allocation is judged
+        ("shape, gate_dtype=None", [("RL002", 4)]),
+        ("shape, *, dtype=None", [("RL002", 4)]),  # not the gate's own setting
+    ],
+)
+def test_a_keyword_only_gate_dtype_parameter_is_judged_at_its_calls(
+    params: str, expected: list[tuple[str, int]]
+) -> None:
+    name = "dtype" if "*, dtype" in params else "gate_dtype"
+    body = (
+        f"def allocate({params}):\n"
+        f"    g_cache = torch.zeros(shape, dtype=torch.float32 if {name} is None else {name})\n"
+        "    return g_cache\n"
+    )
+    assert _codes(body) == expected

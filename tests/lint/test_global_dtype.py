@@ -236,3 +236,33 @@ def test_an_integer_gate_buffer_is_not_converted() -> None:
         '"g_cache", torch.zeros(4, dtype=torch.float32)', '"g_ids", torch.zeros(4)'
     )
     assert _findings(source + "pool = Pool().half()\n") == []
+
+
+def test_an_allocation_left_outside_the_function_s_own_default_block() -> None:
+    found = _findings(
+        """
+        import torch
+        from contextlib import contextmanager
+
+        @contextmanager
+        def torch_default_dtype(dtype):
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(previous)
+
+        class GraphRunner:
+            def allocate(self, shapes, dtype):
+                with torch_default_dtype(dtype):
+                    self.static_d_cache = torch.zeros(shapes["d"])
+                # the gate ring is made outside the block: under the restored default
+                self.static_g_cache = torch.zeros(shapes["g"])
+
+            def allocate_under(self, shapes, dtype):
+                with torch_default_dtype(dtype):
+                    self.spare_g_cache = torch.zeros(shapes["g"])
+        """
+    )
+    assert [(row, code) for row, code, _ in found] == [(22, "RL003")]

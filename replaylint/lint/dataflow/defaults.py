@@ -87,13 +87,29 @@ def may_differ(prov: Provenance, site: Site, env: Env) -> bool:
     setting = default_dtype_setting(prov, site, env)
     if setting is not None and not all(f.is_float32 for f in setting.dtypes):
         return True
+    function = next((s for s in reversed(site.scopes) if isinstance(s, cst.FunctionDef)), None)
+    if function is not None and setting is None and _scopes_its_default(prov, function):
+        return False  # the function sets the default only around other allocations
     if any(isinstance(scope, cst.ClassDef) for scope in site.scopes):
         return True
-    function = next((s for s in reversed(site.scopes) if isinstance(s, cst.FunctionDef)), None)
     if function is None:
         return False
     return any(
         _under_model_dtype(prov, call, env) for call in prov.index.calls_named(function.name.value)
+    )
+
+
+def _scopes_its_default(prov: Provenance, function: cst.FunctionDef) -> bool:
+    """Whether ``function`` itself sets torch's default dtype for a ``with`` block (and the
+    allocation asked about lies outside it): what it leaves outside runs under the default it
+    restores."""
+    return any(
+        prov.within(node, function)
+        and any(
+            isinstance(item.item, cst.Call) and _sets_default_dtype(prov, item.item)
+            for item in node.items
+        )
+        for node in prov.index.withs()
     )
 
 

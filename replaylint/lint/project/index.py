@@ -221,6 +221,12 @@ class ProjectIndex:
         """Whether some module of the project calls a method ``name`` (``x.name(``). Every
         module's text is read, so the answer depends on each of them (recorded as used)."""
         pattern = re.compile(rb"\.\s*" + re.escape(name.encode()) + rb"\s*\(")
+        return self.any_text_matches(pattern)
+
+    def any_text_matches(self, pattern: re.Pattern[bytes]) -> bool:
+        """Whether the text of some module of the project matches ``pattern`` (False when a
+        module's text cannot be read). Every module's text is read, so the answer depends on
+        each of them (recorded as used)."""
         found = False
         for path in self.modules.values():
             read = self._contents.get(os.path.abspath(path))
@@ -229,7 +235,7 @@ class ProjectIndex:
                 if read is not None:
                     self._contents[os.path.abspath(path)] = read
             if read is None:
-                return False  # a module that cannot be read: the caster is judged where it is
+                return False
             self._used[os.path.abspath(path)] = read[1]
             found = found or pattern.search(read[0]) is not None
         return found

@@ -16,6 +16,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import is_dtype_annotation
+from replaylint.lint.dataflow.facts import TensorFact
 from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.record_names import imported_record_requires
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
@@ -60,6 +61,23 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
         and all(_literal_torch_dtype(index.qualified_names(value)) for value in defaults)
         # `self.decay_ring = ...` of a field named like the ring is the ring, not the field
         and (typed or not index.assigns_attribute(name, by_setattr=False))
+    )
+
+
+def keyword_only_setting(context: FileContext, fact: TensorFact) -> bool:
+    """Whether every dtype of ``fact`` that is not float32 is a keyword-only parameter named
+    for the gate cache's dtype (``*, log_decay_dtype=None``): a call can set it only as
+    ``log_decay_dtype=...``, which is judged as a setting where it is written."""
+    open_dtypes = [d for d in fact.dtypes if not d.is_float32]
+    names = context.gate_caches
+    return bool(open_dtypes) and all(
+        d.dtype is None
+        and d.binding is not None
+        and d.binding.kind == "param"
+        and names.names_gate_dtype(d.binding.name)
+        and isinstance(function := d.binding.scope, cst.FunctionDef)
+        and any(p is d.binding.node for p in function.params.kwonly_params)
+        for d in open_dtypes
     )
 
 

@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.dataflow.dtype_records import GateField, gate_field_arguments, spread_elements
+from replaylint.lint.dataflow.dtype_records import (
+    GateField,
+    gate_field_arguments,
+    record_dtype_fields,
+    spread_elements,
+)
 from replaylint.lint.dataflow.dtype_tables import narrower_literals, zipped_table_entries
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.fixes.drafts import FixDraft, Replace
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, literal_names
-from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.nodes import one_line, self_attribute
 
-__all__ = ["RECORD_INVALID", "RECORD_VALID", "report_narrow_gate_fields", "report_zipped_entries"]
+__all__ = [
+    "RECORD_INVALID",
+    "RECORD_VALID",
+    "report_gate_following_ring",
+    "report_narrow_gate_fields",
+    "report_zipped_entries",
+]
 
 
 def report_narrow_gate_fields(rule: Rule, call: cst.Call) -> None:
@@ -39,6 +50,34 @@ def report_narrow_gate_fields(rule: Rule, call: cst.Call) -> None:
             f"{literal_names(narrower)}; {WHY}",
             fix=_fix(rule, gate),
         )
+
+
+def report_gate_following_ring(
+    rule: Rule, target: cst.BaseExpression, value: cst.BaseExpression
+) -> None:
+    """``self.gate = self.ring`` in a method of a record of ring dtypes (``__post_init__``
+    filling a gate field left None): the gate ring takes another ring's dtype (RL002)."""
+    site = rule.site()
+    owner = site.enclosing_class()
+    if owner is None or not (self_attribute(target) and self_attribute(value)):
+        return
+    assert isinstance(target, cst.Attribute)
+    assert isinstance(value, cst.Attribute)
+    fields = record_dtype_fields(rule.provenance, owner)
+    if fields is None or target.attr.value != fields[0]:
+        return
+    other = value.attr.value
+    if other == fields[0] or other not in fields[1]:
+        return
+    facts = rule.provenance.dtype_facts(value, site)
+    if facts and all(f.is_float32 for f in facts):
+        return
+    rule.report(
+        value,
+        f"`{fields[0]}` of `{owner.name.value}`, the gate ring's dtype, is set to `{other}`, the "
+        f"dtype of another ring, which is not provably float32; {WHY}",
+        fix=rule.setting_fix(value, site),
+    )
 
 
 def report_zipped_entries(rule: Rule, call: cst.Call, kind: Kind) -> None:

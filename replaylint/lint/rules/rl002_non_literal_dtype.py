@@ -5,15 +5,15 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.dtype_records import gate_field_arguments, record_dtype_fields
+from replaylint.lint.dataflow.dtype_records import gate_field_arguments
 from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
-from replaylint.lint.rules.declared_settings import declared_setting
-from replaylint.lint.rules.record_tables import report_zipped_entries
+from replaylint.lint.rules.declared_settings import declared_setting, keyword_only_setting
+from replaylint.lint.rules.record_tables import report_gate_following_ring, report_zipped_entries
 from replaylint.lint.rules.setting_examples import SETTING_INVALID, SETTING_VALID
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
@@ -23,7 +23,7 @@ from replaylint.lint.rules.wording import (
     reported_at,
     through,
 )
-from replaylint.lint.syntax.nodes import one_line, self_attribute
+from replaylint.lint.syntax.nodes import one_line
 
 
 class NonLiteralDtype(Rule):
@@ -456,33 +456,7 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
     def visit_Assign(self, node: cst.Assign) -> None:
         if len(node.targets) == 1:
             self._borrowed(node.targets[0].target, node.value)
-            self._gate_follows_ring(node.targets[0].target, node.value)
-
-    def _gate_follows_ring(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
-        """``self.gate = self.ring`` in a method of a record of ring dtypes (``__post_init__``
-        filling a gate field left None): the gate ring takes another ring's dtype."""
-        site = self.site()
-        owner = site.enclosing_class()
-        if owner is None or not (self_attribute(target) and self_attribute(value)):
-            return
-        assert isinstance(target, cst.Attribute)
-        assert isinstance(value, cst.Attribute)
-        fields = record_dtype_fields(self.provenance, owner)
-        if fields is None or target.attr.value != fields[0]:
-            return
-        other = value.attr.value
-        if other == fields[0] or other not in fields[1]:
-            return
-        facts = self.provenance.dtype_facts(value, site)
-        if facts and all(f.is_float32 for f in facts):
-            return
-        record = owner.name.value
-        self.report(
-            value,
-            f"`{fields[0]}` of `{record}`, the gate ring's dtype, is set to `{other}`, the "
-            f"dtype of another ring, which is not provably float32; {WHY}",
-            fix=self.setting_fix(value, site),
-        )
+            report_gate_following_ring(self, node.targets[0].target, node.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._borrowed(node.target, node.value)
@@ -580,6 +554,8 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 continue  # reported as the gate-dtype setting (or getter) that borrowed it
             if declared_setting(self.context, self.provenance.index, fact.node):
                 continue  # judged where the setting is declared (RL001 for a non-float32 one)
+            if keyword_only_setting(self.context, fact):
+                continue  # `*, log_decay_dtype=None`: each call's keyword is the setting
             self.report(
                 at,
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "
