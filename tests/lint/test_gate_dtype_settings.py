@@ -411,3 +411,40 @@ def test_a_keyword_only_gate_dtype_parameter_is_judged_at_its_calls(
         "    return g_cache\n"
     )
     assert _codes(body) == expected
+
+
+_HELD_POLICY = """
+import torch
+
+from .policy import RING_DTYPES
+
+
+class Engine:
+    def __init__(self, n, dtypes):
+        self.n = n
+        self.dtypes = dtypes
+
+    def init_cache(self, cache_cls):
+        ring_dtype, gate_dtype = self.dtypes
+        return cache_cls(self.n, ring_dtype, gate_dtype=gate_dtype)
+
+
+def get_engine(n, dtype: str):
+    dtypes = RING_DTYPES[dtype]
+    return Engine(n, dtypes)
+
+
+def get_fp32_engine(n, dtype):
+    return Engine(n, (dtype, torch.float32))
+"""
+
+
+def test_a_dtype_tuple_held_by_an_instance_is_judged_where_it_is_looked_up(
+    tmp_path: Path,
+) -> None:
+    # `self.dtypes` is what `Engine(...)` is given: the table entry looked up in `get_engine`
+    # (reported there), and a literal tuple whose gate element is float32
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _RING_POLICY, "pkg/engine.py": _HELD_POLICY}
+    found = lint_in_project(tmp_path, files, "pkg/engine.py")
+    assert [(f.location.row, f.code) for f in found] == [(17, "RL001")]
+    assert "may be set to torch.bfloat16 (from `RING_DTYPES` at " in found[0].message

@@ -15,18 +15,22 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow import imported, records
-from replaylint.lint.syntax.nodes import plain_elements
+from replaylint.lint.dataflow import callers, imported, records
+from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.scalars import instance_values
+from replaylint.lint.dataflow.summary_values import as_value
+from replaylint.lint.syntax.nodes import plain_elements, self_attribute
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
-    from replaylint.lint.dataflow.facts import DtypeFact
     from replaylint.lint.dataflow.provenance import Provenance
     from replaylint.lint.dataflow.scopes import Binding
     from replaylint.lint.dataflow.strings import Env
 
-_MAX_DEPTH = 4
-Element = tuple[cst.BaseExpression, Site]
+_MAX_DEPTH = 6
+Element = tuple[cst.BaseExpression, Site, "int | None"]
+"""An element's expression and site, or (with a position) a value of another module of the
+project (``REPLAY_DTYPES[dtype]``) whose element at that position the project index reads."""
 
 
 def unpacked_dtypes(
@@ -39,11 +43,16 @@ def unpacked_dtypes(
         return None
     value, position = unpacked
     elements = unpacked_elements(prov, value, position, site, env)
-    if elements is not None:
-        return tuple(f for e, where in elements for f in prov.dtype_facts(e, where, env))
-    if prov.project is None:
+    if elements is None:
         return None
-    return imported.element_dtype_facts(prov, value, position, site, env)
+    facts: list[DtypeFact] = []
+    for expr, where, pending in elements:
+        if pending is None:
+            facts.extend(prov.dtype_facts(expr, where, env))
+            continue
+        found = imported.element_dtype_facts(prov, expr, pending, where, env)
+        facts.extend(found or (DtypeFact(None, expr),))
+    return tuple(facts)
 
 
 def unpacked_elements(
@@ -68,24 +77,18 @@ def _elements(
         elements = plain_elements(value)
         if elements is None or position >= len(elements):
             return None
-        return [(elements[position], site)]
+        return [(elements[position], site, None)]
     if isinstance(value, cst.Name):
-        found = prov.lookup(value.value, site, env)
-        if not found or any(b.kind != "assign" or b.value is None for b, _ in found):
-            return None
-        gathered: list[Element] = []
-        for binding, binding_site in found:
-            assert binding.value is not None
-            if binding.value is value:
-                return None
-            inner = _elements(prov, binding.value, position, binding_site, env, depth + 1)
-            if inner is None:
-                return None
-            gathered.extend(inner)
-        return gathered
+        return _bound_elements(prov, value, position, site, env, depth)
+    if self_attribute(value) and (owner := site.enclosing_class()) is not None:
+        assert isinstance(value, cst.Attribute)  # `self.replay_dtypes`, every value it is given
+        values = list(instance_values(prov, owner, value.attr.value))
+        return _all_of(prov, values, position, env, depth) if values else None
     if isinstance(value, cst.Subscript) and len(value.slice) == 1:
         index = value.slice[0].slice
         table = _dict_literal(prov, value.value, site, env)
+        if table is None and _imported_value(prov, value, site, env):
+            return [(value, site, position)]
         if table is None or not isinstance(index, cst.Index):
             return None
         mapping, table_site = table
@@ -98,14 +101,54 @@ def _elements(
         ]
         if not entries or (key is None and len(entries) != len(mapping.elements)):
             return None  # no such entry, or a `**spread` that may hold any key
-        gathered = []
-        for entry in entries[-1:] if key is not None else entries:
-            inner = _elements(prov, entry, position, table_site, env, depth + 1)
-            if inner is None:
-                return None
-            gathered.extend(inner)
-        return gathered
+        chosen = entries[-1:] if key is not None else entries
+        return _all_of(prov, [(e, table_site) for e in chosen], position, env, depth)
+    if isinstance(value, cst.Call) and _imported_value(prov, value, site, env):
+        return [(value, site, position)]
     return None
+
+
+def _bound_elements(
+    prov: Provenance, name: cst.Name, position: int, site: Site, env: Env, depth: int
+) -> list[Element] | None:
+    """The element of each value ``name`` may hold: what its assignments give it, and for a
+    parameter, what each call of the module passes."""
+    found = prov.lookup(name.value, site, env)
+    if not found:
+        return None
+    values: list[tuple[cst.BaseExpression, Site]] = []
+    for binding, binding_site in found:
+        if binding.kind == "assign" and binding.value is not None and binding.value is not name:
+            values.append((binding.value, binding_site))
+        elif binding.kind == "param":
+            passed = callers.passed_values(prov, binding)
+            if not passed:
+                return None  # not called here, or a call that cannot be read
+            values.extend(passed)
+        else:
+            return None
+    return _all_of(prov, values, position, env, depth)
+
+
+def _all_of(
+    prov: Provenance,
+    values: list[tuple[cst.BaseExpression, Site]],
+    position: int,
+    env: Env,
+    depth: int,
+) -> list[Element] | None:
+    gathered: list[Element] = []
+    for value, where in values:
+        inner = _elements(prov, value, position, where, env, depth + 1)
+        if inner is None:
+            return None
+        gathered.extend(inner)
+    return gathered
+
+
+def _imported_value(prov: Provenance, value: cst.BaseExpression, site: Site, env: Env) -> bool:
+    """Whether ``value`` is a table entry or call of another module of the project."""
+    return prov.project is not None and as_value(prov, value, site, env) is not None
 
 
 def _dict_literal(

@@ -60,21 +60,31 @@ def report_unpacked_settings(rule: Rule, node: cst.Assign) -> None:
             if name is None or isinstance(element, cst.StarredElement):
                 continue
             found = unpacked_elements(prov, node.value, position, site, NO_ENV)
-            if found is not None:
-                for value, where in found:
+            if found is None:
+                found = [(node.value, site, position)]  # of another module: read whole
+            for value, where, pending in found:
+                if pending is None:
                     _setting(rule, name, value, where, "is set to")
-                continue
-            facts = element_dtype_facts(prov, node.value, position, site, NO_ENV)
-            narrower = narrower_in(facts or ())
-            if narrower:
-                origins = sorted({f.origin for f in facts or () if not f.is_float32 and f.origin})
-                whence = f" ({'; '.join(origins)})" if origins else ""
-                verb = "may be set to" if any(f.is_float32 for f in facts or ()) else "is set to"
-                rule.report(
-                    node.value,
-                    f"`{name}`, named for the gate cache's dtype, {verb} "
-                    f"{literal_names(narrower)}{whence}; {WHY}",
-                )
+                else:
+                    _imported_element(rule, name, value, pending, where)
+
+
+def _imported_element(
+    rule: Rule, name: str, value: cst.BaseExpression, position: int, site: Site
+) -> None:
+    """The element ``position`` of ``value``, a table entry or call of another module of the
+    project, reported at ``value`` when it is narrower than float32."""
+    facts = element_dtype_facts(rule.provenance, value, position, site, NO_ENV) or ()
+    narrower = narrower_in(facts)
+    if narrower:
+        origins = sorted({f.origin for f in facts if not f.is_float32 and f.origin})
+        whence = f" ({'; '.join(origins)})" if origins else ""
+        verb = "may be set to" if any(f.is_float32 for f in facts) else "is set to"
+        rule.report(
+            value,
+            f"`{name}`, named for the gate cache's dtype, {verb} "
+            f"{literal_names(narrower)}{whence}; {WHY}",
+        )
 
 
 def _gate_of_dtypes(
@@ -89,11 +99,16 @@ def _gate_of_dtypes(
         return None
     prov, site = rule.provenance, rule.site()
     for other in range(len(names.elements)):
-        found = unpacked_elements(prov, value, other, site, NO_ENV)
-        if found is not None:
-            facts = [f for e, where in found for f in prov.dtype_facts(e, where)]
-        else:
-            facts = list(element_dtype_facts(prov, value, other, site, NO_ENV) or ())
+        found = unpacked_elements(prov, value, other, site, NO_ENV) or [(value, site, other)]
+        facts = [
+            f
+            for e, where, pending in found
+            for f in (
+                prov.dtype_facts(e, where)
+                if pending is None
+                else element_dtype_facts(prov, e, pending, where, NO_ENV) or ()
+            )
+        ]
         if not facts or any(f.dtype not in _FLOATING for f in facts):
             return None
     return word
