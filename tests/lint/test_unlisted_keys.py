@@ -159,3 +159,34 @@ def test_a_spread_into_a_record_of_another_module(tmp_path: Path) -> None:
     }
     write_tree(tmp_path, files)
     assert cli_rows(tmp_path, "--no-cache") == [("pkg/pool.py", 8, "RL006")]
+
+
+_SET_BY_NAME = """
+import torch
+
+
+class Manager:
+    def rebuild(self):
+        engine = self.rollout.cache_engine
+        for name, shape in engine.spec.shapes().items():
+            dtype = torch.float32 if name == "ssm_state" else self.rollout.dtype
+            setattr(engine, name, [torch.zeros(shape, dtype=dtype) for _ in range(2)])
+{after}
+    def step(self, i, g):
+        engine = self.rollout.cache_engine
+        engine.g_cache[i] = g
+"""
+
+
+def test_attributes_set_by_name_and_read_as_the_gate_cache_are_judged_for_it() -> None:
+    # the loop's keys cannot be listed, but the module reads `engine.g_cache`: the gate ring
+    # is among the attributes the loop sets, in the loop's dtype
+    findings = _check(_SET_BY_NAME.format(after=""))
+    assert [(f.location.row, f.code) for f in findings] == [(9, "RL006")]
+    assert "whose dtype `torch.float32 if name" in findings[0].message
+
+
+def test_attributes_the_function_sets_by_their_own_name_are_left_to_that_write() -> None:
+    after = "        engine.g_cache = [torch.zeros(4, dtype=torch.float32) for _ in range(2)]\n"
+    findings = _check(_SET_BY_NAME.format(after=after))
+    assert [(f.location.row, f.code) for f in findings] == []

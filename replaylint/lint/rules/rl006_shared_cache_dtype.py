@@ -252,7 +252,8 @@ they were (safe).
         method = method_name(node)
         if isinstance(node.func, cst.Name) and node.func.value == "setattr":
             if len(positional) == 3:
-                self._keyed(positional[1].value, positional[2].value, self._loops)
+                holder = positional[0].value  # read as holding a gate cache by attribute
+                self._keyed(positional[1].value, positional[2].value, self._loops, holder, by=True)
         elif method == "register_buffer" and len(positional) >= 2:
             self._keyed(positional[0].value, positional[1].value, self._loops)
         elif method == "append" and len(positional) == 1:
@@ -327,6 +328,8 @@ they were (safe).
         loops: Sequence[_Loop],
         mapping: cst.BaseExpression | str | None = None,
         appended: bool = False,
+        *,
+        by: bool = False,
     ) -> None:
         """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
         the local ``mapping``, when it is one)."""
@@ -342,7 +345,7 @@ they were (safe).
             if unlisted:
                 assert isinstance(mapping, cst.BaseExpression)
                 iterations = unlisted_iterations(
-                    self.context, key, mapping, loop.node, loop.target, site
+                    self.context, key, mapping, loop.node, loop.target, site, attributes=by
                 )
             if not iterations:
                 continue

@@ -32,7 +32,13 @@ from replaylint.lint.syntax.nodes import dotted_name, string_key
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import ancestors, descendants
 
-__all__ = ["UNLISTED_INVALID", "UNLISTED_VALID", "gate_keys_read", "unlisted_iterations"]
+__all__ = [
+    "UNLISTED_INVALID",
+    "UNLISTED_VALID",
+    "gate_attributes_read",
+    "gate_keys_read",
+    "unlisted_iterations",
+]
 
 _KEYED_READS = frozenset({"get", "pop"})
 
@@ -44,15 +50,22 @@ def unlisted_iterations(
     loop: cst.CSTNode,
     loop_target: cst.BaseExpression,
     site: Site,
+    *,
+    attributes: bool = False,
 ) -> list[Iteration] | None:
     """One iteration per gate-cache key the code uses ``mapping`` as holding, with the loop
     variable ``key`` holding it, for ``mapping[key] = ...`` in ``loop`` whose keys cannot be
-    listed; None when ``key`` is not a loop variable or no such use decides."""
+    listed; None when ``key`` is not a loop variable or no such use decides. ``attributes``:
+    for ``setattr(mapping, key, ...)``, the gate-cache attributes the module reads on it."""
     if not isinstance(key, cst.Name) or key.value not in _names(loop_target):
         return None
     if not isinstance(mapping, (cst.Name, cst.Attribute)):
         return None
-    gates = gate_keys_read(context, mapping, site)
+    gates = (
+        gate_attributes_read(context, mapping, site)
+        if attributes
+        else gate_keys_read(context, mapping, site)
+    )
     if not gates:
         return None
     prov = context.provenance
@@ -83,6 +96,28 @@ def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site
     for call in uses.spreads.get(written, ()):
         read |= _spread_fields(context, call, written, site)
     return read - uses.assigned.get(written, set())
+
+
+def gate_attributes_read(
+    context: FileContext, holder: cst.Name | cst.Attribute, site: Site
+) -> set[str]:
+    """The gate-cache attributes the module reads on an object spelled like ``holder``
+    (``engine.log_decay_cache[i]`` after ``setattr(engine, name, ...)`` in a loop), less those
+    the loop's function assigns by name (``engine.log_decay_cache = ...``): set by name in
+    the loop, read by name elsewhere."""
+    written = context.module.code_for_node(holder)
+    if not _DOTTED.fullmatch(written):
+        return set()
+    source = context.source if context.source is not None else context.module.code
+    pattern = re.compile(rf"(?<![\w.]){re.escape(written)}\.([A-Za-z_]\w*)(\s*=(?!=))?")
+    read: set[str] = set()
+    for match in pattern.finditer(source):
+        name = match.group(1)
+        if context.gate_caches.matches(name) and match.group(2) is None:
+            read.add(name)
+    function = context.module.code_for_node(site.scope) if site.scope is not context.module else ""
+    assigned = {m.group(1) for m in pattern.finditer(function) if m.group(2) is not None}
+    return read - assigned
 
 
 # a dotted name keyed by a string, read with `.get`/`.pop`, spread, or tested with `in`
