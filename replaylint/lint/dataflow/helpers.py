@@ -42,7 +42,7 @@ def called_function(
         if owner is None:
             return None
         for cls in _with_bases(index, owner):
-            method = _method(index, cls, func.attr.value)
+            method = own_method(index, cls, func.attr.value)
             if method is None:
                 continue
             static = any(
@@ -57,7 +57,7 @@ def called_function(
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
         # `Attention(cfg).ring()`, `build_attention().ring()`: a method of the instance made
         made = _made_class(index, provenance, func.value, site)
-        method = _method(index, made, func.attr.value) if made is not None else None
+        method = own_method(index, made, func.attr.value) if made is not None else None
         if method is None or any(
             dotted_name(d.decorator) == "staticmethod" for d in method.decorators
         ):
@@ -74,7 +74,7 @@ def called_function(
                 if "staticmethod" in decorators:
                     return binding.node, (index.module, owner, binding.node), False
                 if (
-                    owner is _module_class(index, func.value.value)
+                    owner is module_class(index, func.value.value)
                     and "classmethod" not in decorators
                 ):
                     return None  # `Cache.rings(cache)`: the instance is an argument
@@ -94,7 +94,7 @@ def _class_of(
     if binding.kind == "definition" and isinstance(binding.node, cst.ClassDef):
         return binding.node if binding.node in index.module.body else None
     if binding.kind == "param" and isinstance(binding.node, cst.Param):
-        return _module_class(index, _annotated_name(binding.node.annotation))
+        return module_class(index, _annotated_name(binding.node.annotation))
     if binding.kind == "assign" and isinstance(binding.value, cst.Call):
         return _made_class(index, provenance, binding.value, found[0][1])
     return None
@@ -112,17 +112,18 @@ def _made_class(
 ) -> cst.ClassDef | None:
     """The module-level class of what ``call`` makes: ``Cls(...)``, or a call of a function of
     the module annotated to return ``Cls``."""
-    made = _module_class(index, dotted_name(call.func))
+    made = module_class(index, dotted_name(call.func))
     if made is not None or not isinstance(call.func, cst.Name):
         return made
     for binding, _ in provenance.lookup(call.func.value, site) or ():
         function = binding.node
         if binding.kind == "definition" and isinstance(function, cst.FunctionDef):
-            return _module_class(index, _annotated_name(function.returns))
+            return module_class(index, _annotated_name(function.returns))
     return None
 
 
-def _method(index: ModuleIndex, owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+def own_method(index: ModuleIndex, owner: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    """The method ``name`` that ``owner``'s body defines."""
     for binding in index.scope(owner).bindings.get(name, ()):
         if binding.kind == "definition" and isinstance(binding.node, cst.FunctionDef):
             return binding.node
@@ -140,7 +141,7 @@ def _with_bases(index: ModuleIndex, owner: cst.ClassDef) -> list[cst.ClassDef]:
             continue
         order.append(cls)
         for base in cls.bases:
-            found = _module_class(index, dotted_name(base.value))
+            found = module_class(index, dotted_name(base.value))
             if found is not None:
                 pending.append(found)
     return order
@@ -149,7 +150,8 @@ def _with_bases(index: ModuleIndex, owner: cst.ClassDef) -> list[cst.ClassDef]:
 _MAX_BASES = 8
 
 
-def _module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:
+def module_class(index: ModuleIndex, name: str | None) -> cst.ClassDef | None:
+    """The class of the module's top level named ``name``."""
     for statement in index.module.body:
         if isinstance(statement, cst.ClassDef) and statement.name.value == name:
             return statement

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow.helpers import CalledFunction, called_function
+from replaylint.lint.dataflow.helpers import (
+    CalledFunction,
+    called_function,
+    module_class,
+    own_method,
+)
 from replaylint.lint.dataflow.imported import MALFORMED
 from replaylint.lint.dataflow.instances import INHERITED_CONSTRUCTORS, MODULE_CHAIN, chain_root
 from replaylint.lint.dataflow.new_instances import (
@@ -219,15 +224,11 @@ def _method_of_part(
     owner = _instance(prov, func.value, site, depth + 1)
     if owner is None or owner.module != prov.project.module:
         return None
-    for statement in prov.index.module.body:
-        if isinstance(statement, cst.ClassDef) and statement.name.value == owner.name:
-            for binding in prov.index.scope(statement).bindings.get(func.attr.value, ()):
-                method = binding.node
-                if binding.kind == "definition" and isinstance(method, cst.FunctionDef):
-                    if method.decorators:
-                        return None  # a static or class method, or one wrapped
-                    return method, (prov.index.module, statement, method), True
-    return None
+    cls = module_class(prov.index, owner.name)
+    method = None if cls is None else own_method(prov.index, cls, func.attr.value)
+    if cls is None or method is None or method.decorators:
+        return None  # none, or a static or class method, or one wrapped
+    return method, (prov.index.module, cls, method), True
 
 
 def _assigned_here(prov: Provenance, attribute: str, depth: int) -> Found | None:

@@ -32,7 +32,7 @@ from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root, instanc
 from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.syntax.annotations import annotated_name
-from replaylint.lint.syntax.nodes import dotted_name
+from replaylint.lint.syntax.nodes import dotted_name, only_statement
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -232,9 +232,7 @@ def converter_method(prov: Provenance, call: cst.Call, site: Site) -> str | None
         root = chain_root(value) if value is not None else None
         if not (isinstance(root, cst.Name) and root.value == name):
             return None  # the parameter is replaced by something else on some path
-    statement = site.statement
-    if isinstance(statement, cst.SimpleStatementLine):
-        statement = statement.body[0] if len(statement.body) == 1 else statement
+    statement = only_statement(site.statement) if site.statement is not None else None
     returned = isinstance(statement, cst.Return) and statement.value is call
     if not returned and isinstance(statement, cst.Assign):
         targets = statement.targets

@@ -43,8 +43,12 @@ def unpacked_dtypes(
         return None
     value, position = unpacked
     elements = unpacked_elements(prov, value, position, site, env)
-    if elements is None:
-        return None
+    return None if elements is None else element_dtypes(prov, elements, env)
+
+
+def element_dtypes(prov: Provenance, elements: list[Element], env: Env) -> tuple[DtypeFact, ...]:
+    """The dtypes of ``elements``: of each expression, or of the element of another module's
+    value that the project index reads (an unknown fact where it does not say)."""
     facts: list[DtypeFact] = []
     for expr, where, pending in elements:
         if pending is None:

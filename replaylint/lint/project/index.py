@@ -218,22 +218,13 @@ class ProjectIndex:
         return False
 
     def calls_method(self, name: str) -> bool:
-        """Whether some module of the project calls a method ``name`` (``x.name(``). Every
-        module's text is read, so the answer depends on each of them (recorded as used)."""
-        pattern = re.compile(rb"\.\s*" + re.escape(name.encode()) + rb"\s*\(")
-        return self.any_text_matches(pattern)
-
-    def any_text_matches(self, pattern: re.Pattern[bytes]) -> bool:
-        """Whether the text of some module of the project matches ``pattern`` (False when a
-        module's text cannot be read). Every module's text is read, so the answer depends on
+        """Whether some module of the project calls a method ``name`` (``x.name(``); False when
+        a module's text cannot be read. Every module's text is read, so the answer depends on
         each of them (recorded as used)."""
+        pattern = re.compile(rb"\.\s*" + re.escape(name.encode()) + rb"\s*\(")
         found = False
         for path in self.modules.values():
-            read = self._contents.get(os.path.abspath(path))
-            if read is None and self.reader is not None:
-                read = self.reader(path)
-                if read is not None:
-                    self._contents[os.path.abspath(path)] = read
+            read = self._text(path)
             if read is None:
                 return False
             self._used[os.path.abspath(path)] = read[1]
@@ -269,18 +260,25 @@ class ProjectIndex:
             return True
         if not name.isascii():
             return True  # the module's encoding decides how it is spelled
-        absolute = os.path.abspath(path)
-        read = self._contents.get(absolute)
+        read = self._text(path)
         if read is None:
-            found = self.reader(path)
-            if found is None:
-                return True  # the summary's loader reports what it can
-            read = self._contents[absolute] = found
+            return True  # the summary's loader reports what it can
         raw, content = read
         if name.encode() in raw:
             return True
-        self._used[absolute] = content
+        self._used[os.path.abspath(path)] = content
         return False
+
+    def _text(self, path: str) -> tuple[bytes, str] | None:
+        """A module's bytes and digest, read once per run; None when there is no reader or
+        the file cannot be read."""
+        absolute = os.path.abspath(path)
+        read = self._contents.get(absolute)
+        if read is None and self.reader is not None:
+            read = self.reader(path)
+            if read is not None:
+                self._contents[absolute] = read
+        return read
 
     def path_of(self, module: str) -> str:
         return self.modules.get(module, module)

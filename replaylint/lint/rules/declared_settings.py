@@ -21,7 +21,12 @@ from replaylint.lint.dataflow.index import ModuleIndex
 from replaylint.lint.dataflow.record_names import imported_record_requires
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
-from replaylint.lint.syntax.nodes import is_none_literal, record_fields
+from replaylint.lint.syntax.nodes import (
+    binding_name,
+    is_none_literal,
+    record_fields,
+    self_attribute,
+)
 from replaylint.lint.syntax.traversal import descendants, syntax_children
 
 
@@ -125,10 +130,7 @@ def _filled_later(cls: cst.ClassDef, field: str) -> bool:
             return any(
                 isinstance(node, cst.Assign)
                 and any(
-                    isinstance(t.target, cst.Attribute)
-                    and isinstance(t.target.value, cst.Name)
-                    and t.target.value.value == "self"
-                    and t.target.attr.value == field
+                    self_attribute(t.target) and binding_name(t.target) == field
                     for t in node.targets
                 )
                 for node in descendants(statement)

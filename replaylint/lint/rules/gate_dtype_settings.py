@@ -15,7 +15,8 @@ from replaylint.lint.dataflow.dtype_tables import (
 )
 from replaylint.lint.dataflow.imported import element_dtype_facts
 from replaylint.lint.dataflow.strings import NO_ENV
-from replaylint.lint.dataflow.unpacked import unpacked_elements
+from replaylint.lint.dataflow.torch_api import FLOATING_RANK
+from replaylint.lint.dataflow.unpacked import element_dtypes, unpacked_elements
 from replaylint.lint.gatecache.names import GATE_FIELD_WORDS
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.config_settings import report_string_setting
@@ -100,21 +101,10 @@ def _gate_of_dtypes(
     prov, site = rule.provenance, rule.site()
     for other in range(len(names.elements)):
         found = unpacked_elements(prov, value, other, site, NO_ENV) or [(value, site, other)]
-        facts = [
-            f
-            for e, where, pending in found
-            for f in (
-                prov.dtype_facts(e, where)
-                if pending is None
-                else element_dtype_facts(prov, e, pending, where, NO_ENV) or ()
-            )
-        ]
-        if not facts or any(f.dtype not in _FLOATING for f in facts):
+        facts = element_dtypes(prov, found, NO_ENV)
+        if not facts or any(f.dtype not in FLOATING_RANK for f in facts):
             return None
     return word
-
-
-_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def report_returned_setting(rule: Rule, node: cst.Return) -> None:
