@@ -97,6 +97,8 @@ HALVES = (
     "fresh22",
     "fresh23",
     "fresh24",
+    "fresh25",
+    "fresh26",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.handed_over import handed_over
 from replaylint.lint.fixes.converge import FixResult, fix_until_stable
 from replaylint.lint.fixes.materialise import materialise
-from replaylint.lint.gatecache.bindings import BindingWalker
+from replaylint.lint.gatecache.bindings import BindingReceiver, BindingWalker, GateCacheBinding
 from replaylint.lint.gatecache.learning import learn_gate_cache_names
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
@@ -113,7 +114,11 @@ class Linter:
         walker = BindingWalker(
             module,
             names,
-            [checker.check_binding for checker in checkers if checker.wants_bindings()],
+            [
+                _unless_handed_over(context, checker.check_binding)
+                for checker in checkers
+                if checker.wants_bindings()
+            ],
             source=source,
             imported_list=(
                 (lambda name: view.index.imported_list(view.module, name))
@@ -168,3 +173,14 @@ class Linter:
     def fix(self, source: str, filename: str = "<stdin>", *, unsafe: bool = False) -> FixResult:
         """Apply fixes until none is left (bounded); never returns unparsable source."""
         return fix_until_stable(lambda text: self.check(text, filename), source, unsafe=unsafe)
+
+
+def _unless_handed_over(context: FileContext, receive: BindingReceiver) -> BindingReceiver:
+    """``receive``, for every binding but an entry of a payload that the function only hands to
+    methods that copy it into tensors of their own (:mod:`replaylint.lint.dataflow.handed_over`)."""
+
+    def receiver(binding: GateCacheBinding) -> None:
+        if not handed_over(context.provenance, binding.value, binding.site):
+            receive(binding)
+
+    return receiver

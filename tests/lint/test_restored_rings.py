@@ -44,6 +44,18 @@ def _found(source: str) -> list[tuple[str, int]]:
             "    return cache.g_cache\n",
             [("RL005", 11)],
         ),
+        # a parameter whose gate cache another function of the module reads; entries of a
+        # loaded mapping bound to a local first
+        (
+            "def restore(cache, path):\n"
+            "    state = torch.load(path)\n"
+            "    for name, t in state.items():\n"
+            "        setattr(cache, name, t)\n"
+            "\n"
+            "def step(cache, i, g):\n"
+            "    cache.g_cache[i] = g\n",
+            [("RL005", 11)],
+        ),
         # the entries are cast first
         (
             "def restore(path, shape):\n"

@@ -99,6 +99,10 @@ def test_a_setting_named_for_the_gate_dtype_is_judged_per_branch(
     assert "given.gate" in fixed or "given" not in setting
 
 
+def _name_value(node: ast.expr) -> list[str]:
+    return ["name", ast.unparse(node)]
+
+
 def test_guards_are_read_from_ifs_that_return_and_from_else_branches() -> None:
     function = ast.parse(
         "def f(ring, n):\n"
@@ -111,7 +115,7 @@ def test_guards_are_read_from_ifs_that_return_and_from_else_branches() -> None:
         "    return 4\n"
     ).body[0]
     assert isinstance(function, ast.FunctionDef)
-    guards = return_guards(function.body, {"ring", "n"}, set())
+    guards = return_guards(function.body, {"ring", "n"}, set(), _name_value)
     by_value = {
         node.value.value: guards[id(node)]  # type: ignore[union-attr]
         for node in ast.walk(function)
@@ -129,7 +133,7 @@ def test_guards_are_read_from_ifs_that_return_and_from_else_branches() -> None:
     ]
     assert by_value[4] == by_value[3]
     # a parameter the body rebinds is not tested
-    assert return_guards(function.body, {"ring"}, {"ring"}) == {
+    assert return_guards(function.body, {"ring"}, {"ring"}, _name_value) == {
         id(node): [] for node in ast.walk(function) if isinstance(node, ast.Return)
     }
 
@@ -175,3 +179,73 @@ def test_a_table_keyed_by_enum_members_may_give_any_of_its_values(
         assert "torch.bfloat16" in found[0][1]
     else:
         assert found == []
+
+
+_CONSTANT_SET_POLICY = """
+import torch
+
+from .names import HOST_FP32
+
+FULL_PRECISION_BUFFERS = frozenset({"state", "log_decay_cache"})
+LISTED = ("state", "g_ring")
+GROWN = {"state"}
+GROWN.add("g_ring")
+
+
+def cache_dtype_for(buffer_name, compute_dtype):
+    if buffer_name in FULL_PRECISION_BUFFERS:
+        return torch.float32
+    return compute_dtype
+
+
+def listed_dtype(buffer_name):
+    if buffer_name not in LISTED:
+        return torch.bfloat16
+    return torch.float32
+
+
+def host_dtype(buffer_name):
+    if buffer_name in HOST_FP32:
+        return torch.float32
+    return torch.float16
+
+
+def grown_dtype(buffer_name):
+    if buffer_name in GROWN:
+        return torch.float32
+    return torch.bfloat16
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "reported"),
+    [
+        ('cache_dtype_for("log_decay_cache", torch.bfloat16)', False),
+        ('cache_dtype_for("log_decay", torch.bfloat16)', True),  # not the name the set holds
+        ('listed_dtype("g_ring")', False),
+        ('listed_dtype("gate")', True),
+        ('host_dtype("g_ring")', False),  # a set of another module
+        ('host_dtype("gate")', True),
+        # a set that grows at import time may hold any name: both returns stay possible
+        ('grown_dtype("gate")', True),
+        ('grown_dtype("g_ring")', True),
+    ],
+)
+def test_a_ring_name_tested_against_a_constant_collection_picks_its_return(
+    tmp_path: Path, call: str, reported: bool
+) -> None:
+    body = (
+        "import torch\n\nfrom .policy import cache_dtype_for, grown_dtype, host_dtype, listed_dtype"
+        "\n\n\n"
+        "def make(shape):\n"
+        f"    g_cache = torch.zeros(shape, dtype={call})\n"
+        "    return g_cache\n"
+    )
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/names.py": 'HOST_FP32 = ["state", "g_ring"]\n',
+        "pkg/policy.py": _CONSTANT_SET_POLICY,
+        "pkg/pool.py": body,
+    }
+    found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
+    assert [code for code, _ in found] == (["RL001"] if reported else [])

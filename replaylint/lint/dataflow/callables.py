@@ -32,6 +32,7 @@ from replaylint.lint.dataflow.facts import (
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.scopes import Binding, all_params
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration
+from replaylint.lint.dataflow.taken_returns import taken_returns
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
 from replaylint.lint.syntax.sites import ScopeNode, Site
@@ -111,6 +112,30 @@ def _made_by(
     return _function(prov, function, scopes, bound, call, site, env)
 
 
+def returned_values(
+    prov: Provenance, call: cst.Call, site: Site, env: Env
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """What a call of a function of the module may return: the value of each ``return`` the
+    call can reach (its parameters bound to the call's arguments or defaults); None when the
+    call is not one of the module's or its arguments cannot be bound."""
+    found = called_function(prov.index, prov, call, site)
+    if found is None:
+        return None
+    function, scopes, bound = found
+    definition_site = Site(scopes[:-1], function)
+    bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
+    if bound_env is None:
+        return None
+    scope = prov.index.scope(function)
+    if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env):
+        bound_env = {}  # a parameter the body rebinds: no test on it is decided by the call
+    return [
+        (r.value, Site(scopes, statement))
+        for r, statement in taken_returns(prov, scope, scopes, bound_env)
+        if r.value is not None
+    ]
+
+
 def _function(
     prov: Provenance,
     function: cst.FunctionDef,
@@ -138,7 +163,9 @@ def _function(
     # a generator's call makes no tensor: the cast of its result is no fix
     result = None if values else call
     values = values or [
-        (r.value, statement) for r, statement in scope.returns if r.value is not None
+        (r.value, statement)
+        for r, statement in taken_returns(prov, scope, scopes, bound_env)
+        if r.value is not None
     ]
     if not values:
         return None

@@ -27,17 +27,32 @@ if TYPE_CHECKING:
 def dict_literal(
     prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
 ) -> tuple[cst.Dict | None, Site]:
-    """A dict literal, directly or through a local or module constant bound once."""
+    """A dict literal, directly, through a local or module constant bound once, or as the entry
+    of one (``TABLE["bf16"]`` of ``TABLE = {"bf16": {...}, ...}``)."""
     if isinstance(expr, cst.Dict):
         return expr, site
     bound = bound_in(env, expr)
     if bound is not None:  # `spec` in `for name, spec in SPECS.items()`
         return dict_literal(prov, bound.expr, bound.site, bound.env(env))
-    if isinstance(expr, cst.Name):
-        found = prov.lookup(expr.value, site, env)
-        if found and len(found) == 1 and isinstance(found[0][0].value, cst.Dict):
-            return found[0][0].value, found[0][1]
-    return None, site
+    if not prov.enter():
+        return None, site
+    try:
+        if isinstance(expr, cst.Name):
+            found = prov.lookup(expr.value, site, env)
+            if found and len(found) == 1:
+                value, at = found[0][0].value, found[0][1]
+                if isinstance(value, cst.Dict):
+                    return value, at
+                if isinstance(value, cst.Subscript):  # `server = TABLE["bf16"]`
+                    return dict_literal(prov, value, at, env)
+        if isinstance(expr, cst.Subscript):
+            outer, outer_site = dict_literal(prov, expr.value, site, env)
+            entry = None if outer is None else dict_entry(prov, outer, expr, site, env)
+            if entry is not None:
+                return dict_literal(prov, entry, outer_site, env)
+        return None, site
+    finally:
+        prov.leave()
 
 
 def returned_entries(

@@ -6,7 +6,7 @@ cache restored from a bf16 snapshot is bf16 unless it is cast on the way in.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -240,6 +240,20 @@ def _project_loader(prov: Provenance, call: cst.Call, site: Site, env: Env) -> b
     except MALFORMED:
         return False
     return False
+
+
+def loaded_entry(
+    prov: Provenance, found: Sequence[tuple[Binding, Site]], name: cst.Name, env: Env
+) -> TensorFact | None:
+    """``name`` bound (``found``) only by a loop over a checkpoint's entries (``for key, t in
+    torch.load(path).items():``, ``state`` of ``state = torch.load(path)``): loaded."""
+    if len(found) != 1 or found[0][0].kind != "loop":
+        return None
+    container = _iterated(found[0][0].statement, found[0][0].node)
+    if container is None or not is_loaded(prov, container, found[0][1], env):
+        return None
+    detail = describe_load(prov.index, container)
+    return TensorFact(Kind.LOADED, name, detail=detail, target=CastValue(name))
 
 
 def _iterated(statement: cst.CSTNode, target: cst.CSTNode) -> cst.BaseExpression | None:

@@ -364,7 +364,8 @@ class Provenance:
         for binding, facts in assigned:
             for fact in facts:
                 yield fact.followed(binding, expr)
-        yield TensorFact(Kind.UNKNOWN, expr)
+        entry = loads.loaded_entry(self, found, expr, env)  # `for name, t in state.items():`
+        yield entry if entry is not None else TensorFact(Kind.UNKNOWN, expr)
 
     def _bound_facts(
         self, binding: Binding, binding_site: Site, env: Env

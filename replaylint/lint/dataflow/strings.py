@@ -295,7 +295,10 @@ def _literal_items(
             if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
                 return _project_items(prov, mapping, site, method)
             mapping, mapping_site = returned
-        if isinstance(mapping, cst.Attribute):  # `params.ring_shapes`: a project property's
+        own = _own_dict(prov, mapping, mapping_site) if mapping is not None else None
+        if own is not None:  # `self.rings.items()` of `self.rings = {...}` in the class
+            mapping, mapping_site = own
+        elif isinstance(mapping, cst.Attribute):  # `params.ring_shapes`: a project property's
             return _project_items(prov, mapping, mapping_site, method)
         if isinstance(mapping, cst.DictComp):
             return _comprehended_items(prov, mapping, mapping_site, method, depth)
@@ -468,6 +471,34 @@ def _picked(
 
 def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:
     return cst.Tuple([cst.Element(first), cst.Element(second)])
+
+
+def _own_dict(
+    prov: Provenance, expr: cst.BaseExpression, site: Site
+) -> tuple[cst.Dict, Site] | None:
+    """The dict literal a method of the enclosing class binds ``self.<name>`` to, when that is
+    the one value the class gives it (directly, or through a local of that method bound once)."""
+    if not (
+        isinstance(expr, cst.Attribute)
+        and isinstance(expr.value, cst.Name)
+        and expr.value.value == "self"
+    ):
+        return None
+    owner = site.enclosing_class()
+    if owner is None:
+        return None
+    from replaylint.lint.dataflow.scalars import instance_values
+
+    values = list(instance_values(prov, owner, expr.attr.value))
+    if len(values) != 1:
+        return None
+    value, where = values[0]
+    if isinstance(value, cst.Name):
+        found = prov.lookup(value.value, where)
+        if not found or len(found) != 1 or found[0][0].value is None:
+            return None
+        value, where = found[0][0].value, found[0][1]
+    return (value, where) if isinstance(value, cst.Dict) else None
 
 
 def _class_constant(

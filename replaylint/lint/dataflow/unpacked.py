@@ -18,6 +18,7 @@ import libcst as cst
 from replaylint.lint.dataflow import callers, imported, records
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.scalars import instance_values
+from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.syntax.nodes import plain_elements, self_attribute
 from replaylint.lint.syntax.sites import Site
@@ -109,6 +110,12 @@ def _elements(
         return _all_of(prov, [(e, table_site) for e in chosen], position, env, depth)
     if isinstance(value, cst.Call) and _imported_value(prov, value, site, env):
         return [(value, site, position)]
+    if isinstance(value, cst.Call):
+        from replaylint.lint.dataflow.callables import returned_values
+
+        returned = returned_values(prov, value, site, env)  # `d, k, g = ring_dtypes("no", dt)`
+        if returned:
+            return _all_of(prov, returned, position, NO_ENV, depth)
     return None
 
 

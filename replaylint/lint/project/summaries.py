@@ -10,7 +10,8 @@ a class's constants, field defaults and properties. Values are expressions of a 
 ``["ref", module, n]`` a name imported from ``module`` (relative modules keep their dots);
 ``["module", module]`` a module bound by ``import``; ``["attr", v, a]``; ``["item", v, key]``;
 ``["table", [[key, v], ...]]`` a dict with literal keys; ``["values", [v, ...]]`` a dict with
-other keys (enum members, names), of which only the values are kept; ``["tuple", [v, ...]]``;
+other keys (enum members, names), of which only the values are kept; ``["tuple", [v, ...]]``
+(a tuple or list); ``["set", [v, ...]]``;
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
 ``["either", [v, ...], dtype_test]`` one of several values (a conditional expression, or the
 ``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype), with,
@@ -34,6 +35,7 @@ from typing import Any
 
 from replaylint.lint.project import namespace_writes as nw
 from replaylint.lint.project.filled_mappings import filled_mapping
+from replaylint.lint.project.import_values import imported_values, module_spec
 from replaylint.lint.project.module_casters import module_casters
 from replaylint.lint.project.module_facts import (
     constructors,
@@ -68,7 +70,9 @@ float32, with those attributes; ``widens``: functions that widen a parameter to 
 those parameters, :mod:`~replaylint.lint.project.widening`)."""
 
 UNKNOWN: Value = ["unknown"]
-_MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
+_MUTATORS = frozenset(
+    {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "add", "discard", "remove"}
+)
 # calls that rebind a module's names behind the analysis's back
 _DYNAMIC_NAMESPACE = frozenset({"globals", "vars", "exec"})
 _MAX_VALUE_NODES = 200  # a constant larger than this is no dtype policy
@@ -82,10 +86,6 @@ def summarise(text: str) -> Summary | None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return _Summariser(tree).summary()
-
-
-def _module_spec(node: ast.ImportFrom) -> str:
-    return "." * node.level + (node.module or "")
 
 
 class _Summariser:
@@ -152,7 +152,7 @@ class _Summariser:
                 a.name == "*" for a in statement.names
             ):
                 self.dynamic = True  # any name may be rebound by what a star import brings
-            for name, value in _imported(statement):
+            for name, value in imported_values(statement):
                 self._define(name, ["value", line, value])
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._define(statement.name, self._function(statement))
@@ -219,7 +219,7 @@ class _Summariser:
                     elif func.attr in _MUTATORS and isinstance(func.value, ast.Name):
                         self.spoiled.add(func.value.id)
             elif isinstance(node, ast.ImportFrom):
-                spec = _module_spec(node)
+                spec = module_spec(node)
                 for alias in node.names:
                     self.imports.add((spec, None if alias.name == "*" else alias.name))
                     modules.add(alias.asname or alias.name)  # `from pkg import submodule`
@@ -284,7 +284,7 @@ class _Summariser:
             if isinstance(statement, ast.Assert):
                 continue  # `assert ret is not None, ...`: the value returned is the same
             if isinstance(statement, ast.Import | ast.ImportFrom):
-                for name, value in _imported(statement):
+                for name, value in imported_values(statement):
                     locals_[name] = value
                 continue
             if not (
@@ -332,7 +332,8 @@ class _Summariser:
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
         for name in stored:
             locals_[name] = UNKNOWN
-        guards = return_guards(function.body, {str(p[0]) for p in params}, stored)
+        value_of = _Values(self, locals_).value
+        guards = return_guards(function.body, {str(p[0]) for p in params}, stored, value_of)
         values: list[Value] = []
         alternatives: list[list[Any]] = []  # per value: the guards of the returns that give it
         for node in sorted(returns, key=lambda r: (r.lineno, r.col_offset)):
@@ -438,25 +439,6 @@ def _compares_dtype(test: ast.expr) -> bool:
     return any(isinstance(o, ast.Attribute) and o.attr == "dtype" for o in operands)
 
 
-def _imported(statement: ast.Import | ast.ImportFrom) -> list[tuple[str, Value]]:
-    found: list[tuple[str, Value]] = []
-    if isinstance(statement, ast.Import):
-        for alias in statement.names:
-            if alias.asname is not None:
-                found.append((alias.asname, ["module", alias.name]))
-            else:
-                head = alias.name.partition(".")[0]
-                found.append((head, ["module", head]))
-    else:
-        spec = _module_spec(statement)
-        found.extend(
-            (alias.asname or alias.name, ["ref", spec, alias.name])
-            for alias in statement.names
-            if alias.name != "*"
-        )
-    return found
-
-
 def _params(summariser: _Summariser, args: ast.arguments) -> list[Any] | None:
     """``[[name, kind, default], ...]`` with kind ``pos``, ``kw`` (keyword-only), ``star`` or
     ``starstar``; defaults are summary values (or None)."""
@@ -518,10 +500,11 @@ class _Values:
                 # `{Precision.FP32: torch.float32, ...}`: which key is which is not read
                 return ["values", [self.value(item) for item in node.values]]
             return ["table", [[k, self.value(v)] for k, v in zip(keys, node.values, strict=True)]]
-        if isinstance(node, (ast.Tuple, ast.List)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             if any(isinstance(e, ast.Starred) for e in node.elts):
                 return UNKNOWN
-            return ["tuple", [self.value(e) for e in node.elts]]
+            kind = "set" if isinstance(node, ast.Set) else "tuple"
+            return [kind, [self.value(e) for e in node.elts]]
         zipped = zipped_values(node)  # `dict(zip(P, (<call> for v in P.values())))`
         if zipped is not None:
             source, entry, made = zipped

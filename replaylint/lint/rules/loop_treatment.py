@@ -22,7 +22,13 @@ from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
-__all__ = ["LoopTreatment", "before_loop_fix", "loop_treatment", "shared_treatment"]
+__all__ = [
+    "LoopTreatment",
+    "before_loop_fix",
+    "loop_treatment",
+    "shared_treatment",
+    "telling_variable",
+]
 
 
 @dataclass(frozen=True)
@@ -148,3 +154,19 @@ def gate_name_test(variable: str | None, envs: Sequence[Iteration]) -> str | Non
     if len(values) == 1:
         return f"{variable} == {quoted(values[0])}"
     return f"{variable} in ({', '.join(quoted(v) for v in values)})"
+
+
+def telling_variable(
+    gate_envs: list[tuple[str, Iteration]], iterations: Sequence[Iteration]
+) -> str | None:
+    """A loop variable that holds a string in every iteration and tells the gate cache's
+    iterations from the others (``kind`` beside the ring it names)."""
+    gate_ids = {id(env) for _, env in gate_envs}
+    for variable in sorted({v for env in iterations for v in env}):
+        if not all(isinstance(env.get(variable), str) for env in iterations):
+            continue
+        gate_values = {env[variable] for env in iterations if id(env) in gate_ids}
+        other_values = {env[variable] for env in iterations if id(env) not in gate_ids}
+        if gate_values.isdisjoint(other_values):
+            return variable
+    return None

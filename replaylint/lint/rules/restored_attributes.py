@@ -2,7 +2,8 @@
 setattr(cache, name, t)``.
 
 The loop names no ring, so no single statement binds the gate cache; but when the object holds
-one (the function, its class or the object's class names ``cache.la_cache``), that attribute
+one (the function, its class, the object's class or, for an object spelled the same way, the rest
+of the module names ``cache.la_cache``), that attribute
 comes back as the entry saved under its name, in the dtype it was saved with. Which names the
 mapping holds is not known, so the gate-cache names are the object's own attributes that name
 one.
@@ -10,6 +11,7 @@ one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -40,10 +42,15 @@ class Restore:
 
 
 def restored_by_setattr(
-    prov: Provenance, names: GateCacheNames, loop: cst.For, site: Site
+    prov: Provenance,
+    names: GateCacheNames,
+    loop: cst.For,
+    site: Site,
+    read_elsewhere: Callable[[cst.Name], set[str]] | None = None,
 ) -> list[Restore]:
     """The ``setattr`` calls of ``loop``'s body that restore a loaded entry, uncast, on an object
-    that holds a gate cache."""
+    that holds a gate cache; ``read_elsewhere``: the gate caches the module reads on an object
+    spelled like the one given."""
     target, iterable = loop.target, loop.iter
     if not (
         isinstance(target, cst.Tuple)
@@ -77,6 +84,8 @@ def restored_by_setattr(
         ):
             continue
         gate_caches = _gate_attributes(prov, owner.value, names, site)
+        if read_elsewhere is not None:
+            gate_caches = tuple(sorted({*gate_caches, *read_elsewhere(owner)}))
         if not gate_caches:
             continue
         loads = [f for f in prov.tensor_facts(iterable.func.value, site) if f.kind is Kind.LOADED]

@@ -15,6 +15,7 @@ from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.loop_treatment import gate_name_test
 from replaylint.lint.rules.restored_attributes import restored_by_setattr
+from replaylint.lint.rules.unlisted_keys import gate_attributes_read
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 from replaylint.lint.syntax.nodes import method_name
 
@@ -449,7 +450,14 @@ loaded value — device, shape, layout — changes.
 
     def visit_For(self, node: cst.For) -> None:
         site = self.site()
-        for restore in restored_by_setattr(self.provenance, self.context.gate_caches, node, site):
+
+        def read_elsewhere(owner: cst.Name) -> set[str]:
+            return gate_attributes_read(self.context, owner, site)
+
+        restores = restored_by_setattr(
+            self.provenance, self.context.gate_caches, node, site, read_elsewhere
+        )
+        for restore in restores:
             rings = ", ".join(f"`{restore.owner}.{name}`" for name in restore.gate_caches)
             load = restore.load
             cast = CastValue(restore.value)

@@ -9,7 +9,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
-from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
 from replaylint.lint.dataflow.strings import (
     Bound,
@@ -26,7 +26,7 @@ from replaylint.lint.gatecache.lists import list_names
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Rule, Valid
 from replaylint.lint.rules.buffer_loops import buffer_comprehension_cast, buffer_loop_cast
-from replaylint.lint.rules.declared_settings import declared_setting
+from replaylint.lint.rules.declared_settings import declared_setting, keyword_only_setting
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
 from replaylint.lint.rules.fromkeys_tables import (
     FROMKEYS_INVALID,
@@ -40,11 +40,12 @@ from replaylint.lint.rules.loop_treatment import (
     gate_name_test,
     loop_treatment,
     shared_treatment,
+    telling_variable,
 )
 from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
-from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID
-from replaylint.lint.rules.shared_helpers import SharedHelpers, helper_call
+from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID, SHARED_DTYPE_VALID
+from replaylint.lint.rules.shared_helpers import LoopCall, SharedHelpers, helper_call
 from replaylint.lint.rules.unlisted_keys import (
     UNLISTED_INVALID,
     UNLISTED_VALID,
@@ -97,7 +98,8 @@ The rule evaluates the loop body or comprehension once per iteration whose name 
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
 clean; a ring the loop loads (`setattr(cache, name, snapshot[name])`) keeps its saved dtype. For a helper defined in the same module (a function or a method called on `self`), it
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
-the gate-cache call passes. A helper imported from another module of the project is RL001's or
+the gate-cache call passes, also when one call in a loop over cache names makes every cache
+(`caches[name] = _alloc(shape, dtype)`). A helper imported from another module of the project is RL001's or
 RL002's: the argument the gate-cache call passes is followed into the helper's allocation there.
 A helper that allocates one tensor per key of the mapping it is given, all in one dtype
 (`{name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}` or `dict(zip(shapes,
@@ -119,7 +121,8 @@ becomes `x.float() if name == "g_cache" else x.half()`. A tensor made before the
 with the gate cache's name (`zip(RINGS, (d, k, g))`) is allocated as float32 where it is made,
 when no other cache is that tensor and it is read nowhere else. For a helper, the
 gate-cache call passes `torch.float32` for the helper's dtype parameter, when that parameter serves
-only the allocation the helper returns. A comprehension whose elements are taken by position
+only the allocation the helper returns (in a loop, `torch.float32 if name == "g_cache" else
+<the argument>`). A comprehension whose elements are taken by position
 (unpacked into `d, k, g = ...`, or spread into a record's fields) gets its loop numbered:
 `(t.to(torch.float32 if position == 2 else dtype) for position, t in enumerate(rings))`, the
 iterable read once as before. The fix is **safe**: every other cache keeps exactly the
@@ -223,6 +226,7 @@ they were (safe).
         ),
         *FROMKEYS_VALID,
         *UNLISTED_VALID,
+        *SHARED_DTYPE_VALID,
     )
     INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID, *UNLISTED_INVALID)
 
@@ -364,9 +368,15 @@ they were (safe).
                 return  # a snapshot's storage format: reading it back uncast is reported there
             variable = naming_variable(key, [env for _, env in gate_envs])
             if variable is None and not unlisted:
-                variable = _telling_variable(gate_envs, iterations)
+                variable = telling_variable(gate_envs, iterations)
             for name, env in gate_envs:
-                for fact in self.provenance.tensor_facts(value, site, env):
+                facts = self.provenance.tensor_facts(value, site, env)
+                if not any(f.kind in _REPORTED for f in facts):
+                    # `_alloc(shape, dtype)` of a helper of the module, once per cache
+                    self._helper_in_loop(value, name, loop, variable, gate_envs, env)
+                for fact in facts:
+                    if by and unlisted and fact.kind is Kind.LOADED:
+                        continue  # `setattr` of every entry of a loaded mapping: RL005's
                     if (
                         fact.kind in _REPORTED
                         and not looked_up_by(fact, loop.target, loop.node)
@@ -386,6 +396,30 @@ they were (safe).
                                 )
                             self._report_loop(fact, subject, loop, None, gate_envs, fix)
             return
+
+    def _helper_in_loop(
+        self,
+        value: cst.BaseExpression,
+        name: str,
+        loop: _Loop,
+        variable: str | None,
+        gate_envs: list[tuple[str, Iteration]],
+        env: Iteration,
+    ) -> None:
+        call = helper_call(value)
+        if call is None:
+            return
+        if self._helpers is None:
+            self._helpers = SharedHelpers(self.context, self.provenance)
+        iterable = one_line(self.context.module, loop.iterable)
+        condition = gate_name_test(variable, [e for _, e in gate_envs])
+        subject = named_gate_cache(self.context.gate_caches, name)
+        found = self._helpers.finding(
+            call, subject, self.site(), None, LoopCall(loop.word, iterable, env, condition)
+        )
+        if found is not None and id(found.node) not in self._reported:
+            self._reported.add(id(found.node))
+            self.report(found.node, found.message, fix=found.fix)
 
     def _held_gate(
         self, holder: cst.BaseExpression | str | None, env: Iteration, appended: bool
@@ -426,6 +460,8 @@ they were (safe).
             declared_setting(self.context, self.provenance.index, d.node) for d in narrow
         ):
             return  # `dtypes.gate` of `dtypes: RingDtypes`: judged where the record is built
+        if keyword_only_setting(self.context, fact) or self._set_by_keyword(narrow):
+            return  # `*, gate_dtype=torch.float32`: judged where each call sets it
         iterable = one_line(self.context.module, loop.iterable)
         condition = gate_name_test(variable, [env for _, env in gate_envs])
         treatment = loop_treatment(
@@ -440,6 +476,18 @@ they were (safe).
             else conditional_fix(
                 self.context.module, self.context.spelling.torch_at(self.site()), fact, condition
             ),
+        )
+
+    def _set_by_keyword(self, narrow: Sequence[DtypeFact]) -> bool:
+        """Whether every dtype in ``narrow`` is what calls pass for a keyword-only parameter of
+        the loop's function named for the gate cache's dtype."""
+        scope = self.site().scope
+        if not narrow or not isinstance(scope, cst.FunctionDef):
+            return False
+        keyword_only = {p.name.value for p in scope.params.kwonly_params}
+        names = self.context.gate_caches
+        return all(
+            d.parameter in keyword_only and names.names_gate_dtype(d.parameter) for d in narrow
         )
 
     # ------------------------------------------------------- several targets, one dtype
@@ -528,22 +576,6 @@ they were (safe).
         found = self._helpers.finding(call, subject, site, position)
         if found is not None:
             self.report(found.node, found.message, fix=found.fix)
-
-
-def _telling_variable(
-    gate_envs: list[tuple[str, Iteration]], iterations: Sequence[Iteration]
-) -> str | None:
-    """A loop variable that holds a string in every iteration and tells the gate cache's
-    iterations from the others (``kind`` beside the ring it names)."""
-    gate_ids = {id(env) for _, env in gate_envs}
-    for variable in sorted({v for env in iterations for v in env}):
-        if not all(isinstance(env.get(variable), str) for env in iterations):
-            continue
-        gate_values = {env[variable] for env in iterations if id(env) in gate_ids}
-        other_values = {env[variable] for env in iterations if id(env) not in gate_ids}
-        if gate_values.isdisjoint(other_values):
-            return variable
-    return None
 
 
 def _casts_a_module(loop: cst.CSTNode) -> bool:

@@ -1,10 +1,10 @@
 """RL006's examples of caches that share one dtype (its docs and tests, with the rest of its
 examples): loops, comprehensions, helpers and records that give the gate cache the dtype of the
-other caches."""
+other caches, and loops over cache names whose helper call passes each cache its own dtype."""
 
 from __future__ import annotations
 
-from replaylint.lint.rules.base import Invalid
+from replaylint.lint.rules.base import Invalid, Valid
 
 SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
     Invalid(
@@ -331,5 +331,54 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
             return ReplayState(*(t.index_select(0, index).to(device, dtype=torch.float32 if position == 2 else dtype) for position, t in enumerate(host.as_state())))
         """,
         message_contains="is filled from one comprehension",
+    ),
+    Invalid(
+        """
+        import torch
+
+        def _alloc(shape, dtype, device="cpu"):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        RING_SHAPES = {"d_cache": (4, 2, 8, 16), "k_cache": (4, 2, 8, 16), "g_cache": (4, 2, 8, 16)}
+
+        class RingPool:
+            def __init__(self, config):
+                self.buffers = {}
+                for name, shape in RING_SHAPES.items():
+                    self.buffers[name] = _alloc(shape, config.cache_dtype)
+        """,
+        expected_fix="""
+        import torch
+
+        def _alloc(shape, dtype, device="cpu"):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        RING_SHAPES = {"d_cache": (4, 2, 8, 16), "k_cache": (4, 2, 8, 16), "g_cache": (4, 2, 8, 16)}
+
+        class RingPool:
+            def __init__(self, config):
+                self.buffers = {}
+                for name, shape in RING_SHAPES.items():
+                    self.buffers[name] = _alloc(shape, torch.float32 if name == "g_cache" else config.cache_dtype)
+        """,
+        message_contains="is allocated in a loop over `RING_SHAPES.items()` by `_alloc`",
+    ),
+)
+
+SHARED_DTYPE_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+
+        RING_SHAPES = {"d_cache": (4, 2, 8, 16), "k_cache": (4, 2, 8, 16), "g_cache": (4, 2, 8, 16)}
+
+        def _alloc(shape, dtype, device="cpu"):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        def allocate(dtype):
+            # the helper is handed each ring's own dtype
+            dtypes = {"d_cache": dtype, "k_cache": dtype, "g_cache": torch.float32}
+            return {name: _alloc(shape, dtypes[name]) for name, shape in RING_SHAPES.items()}
+        """
     ),
 )

@@ -17,6 +17,7 @@ from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.scopes import all_params
+from replaylint.lint.dataflow.strings import NO_ENV, Env
 from replaylint.lint.fixes.drafts import FixDraft, InsertAfter, Replace
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.wording import WHY
@@ -43,6 +44,18 @@ def helper_call(value: cst.BaseExpression) -> cst.Call | None:
     return value if isinstance(value, cst.Call) else None
 
 
+class LoopCall(NamedTuple):
+    """A helper call that makes one cache per iteration of a loop over cache names."""
+
+    word: str
+    """``loop`` or ``comprehension``."""
+    iterable: str
+    env: Env
+    """An iteration that makes the gate cache."""
+    condition: str | None
+    """The test on the loop's variable that holds for the gate cache (``name == "g_cache"``)."""
+
+
 class HelperFinding(NamedTuple):
     node: cst.CSTNode
     message: str
@@ -57,9 +70,15 @@ class SharedHelpers:
         self._prov = prov
 
     def finding(
-        self, call: cst.Call, subject: str, site: Site, position: int | None
+        self,
+        call: cst.Call,
+        subject: str,
+        site: Site,
+        position: int | None,
+        loop: LoopCall | None = None,
     ) -> HelperFinding | None:
-        """What to report for the gate cache that ``call`` (or its element ``position``) makes."""
+        """What to report for the gate cache that ``call`` (or its element ``position``) makes;
+        ``loop``: the call makes one cache per iteration of a loop over cache names."""
         found = called_function(self._context.index, self._prov, call, site)
         if found is None:
             return None
@@ -93,7 +112,14 @@ class SharedHelpers:
                     if parameter in names:
                         index = names.index(parameter)
                         return self._check_argument(
-                            call, subject, site, helper, parameters[index], index, fact, position
+                            call,
+                            subject,
+                            site,
+                            helper,
+                            (parameters[index], index),
+                            fact,
+                            position,
+                            loop,
                         )
         return None
 
@@ -103,11 +129,12 @@ class SharedHelpers:
         subject: str,
         site: Site,
         helper: cst.FunctionDef,
-        parameter: cst.Param,
-        index: int,
+        parameter_at: tuple[cst.Param, int],
         fact: TensorFact,
         position: int | None,
+        loop: LoopCall | None,
     ) -> HelperFinding | None:
+        parameter, index = parameter_at
         name = parameter.name.value
         argument = keyword_arg(call, name)
         stars = any(arg.star for arg in call.args)
@@ -119,8 +146,9 @@ class SharedHelpers:
         allocation = one_line(
             self._context.module, fact.allocation.call if fact.allocation else fact.node
         )
+        where = "" if loop is None else f" in a {loop.word} over `{loop.iterable}`"
         lead = (
-            f"{subject} is allocated by `{helper.name.value}` (line {helper_line}), "
+            f"{subject} is allocated{where} by `{helper.name.value}` (line {helper_line}), "
             f"whose parameter `{name}` is the dtype of `{allocation}` for every cache it makes"
         )
         # Passing float32 is right only when the helper's result is the gate cache alone and the
@@ -132,15 +160,26 @@ class SharedHelpers:
         # safe, unless spelling float32 needs an import the module did not need before
         safe = torch is None or torch.safe
         applicability = Applicability.SAFE if safe else Applicability.UNSAFE
+        if loop is not None:
+            # one call for every cache: float32 only in the gate cache's iterations
+            single_use = single_use and loop.condition is not None
         if argument is not None:
-            facts = self._prov.dtype_facts(argument.value, site)
+            facts = self._prov.dtype_facts(
+                argument.value, site, NO_ENV if loop is None else loop.env
+            )
             if all(f.is_float32 for f in facts):
                 return None
             passed = one_line(self._context.module, argument.value)
+            replacement = spelling
+            if loop is not None and loop.condition is not None:
+                original = one_line(self._context.module, argument.value, 10_000)
+                if isinstance(argument.value, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+                    original = f"({original})"
+                replacement = f"{spelling} if {loop.condition} else {original}"
             fix = (
                 FixDraft(
                     f"Pass {spelling} for `{name}`",
-                    (Replace(argument.value, spelling), *imports),
+                    (Replace(argument.value, replacement), *imports),
                     applicability,
                 )
                 if single_use
@@ -152,7 +191,7 @@ class SharedHelpers:
                 + ("" if single_use else _why_no_fix(helper, name, position)),
                 fix,
             )
-        if stars or parameter.default is None:
+        if stars or parameter.default is None or loop is not None:
             return None
         default_facts = self._prov.dtype_facts(parameter.default, Site(site.scopes[:1], None))
         if all(f.is_float32 for f in default_facts):

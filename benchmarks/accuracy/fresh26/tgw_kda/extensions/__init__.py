@@ -1,0 +1,1 @@
+"""Optional extensions; each lives in ``extensions/<name>/script.py``."""

@@ -1,0 +1,1 @@
+"""Core modules of the web UI (loaders, backends, generation, sessions, settings)."""
