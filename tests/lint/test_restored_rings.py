@@ -56,6 +56,19 @@ def _found(source: str) -> list[tuple[str, int]]:
             "    cache.g_cache[i] = g\n",
             [("RL005", 11)],
         ),
+        # an attribute of self whose gate cache another method reads, the entries moved to a
+        # device on the way (a move keeps their dtype)
+        (
+            "class Engine:\n"
+            "    def wake_up(self, path):\n"
+            "        states = torch.load(path)\n"
+            "        for name, t in states.items():\n"
+            "            setattr(self.pool, name, t.to(self.pool.device))\n"
+            "\n"
+            "    def step(self, g):\n"
+            "        self.pool.g_cache[0] = g\n",
+            [("RL005", 12)],
+        ),
         # the entries are cast first
         (
             "def restore(path, shape):\n"

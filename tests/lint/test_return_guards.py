@@ -249,3 +249,34 @@ def test_a_ring_name_tested_against_a_constant_collection_picks_its_return(
     }
     found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
     assert [code for code, _ in found] == (["RL001"] if reported else [])
+
+
+_LAYOUT = """
+def to_engine_layout(tensor, engine_dtype=None):
+    if engine_dtype is None:
+        return tensor.detach().clone()
+    return tensor.detach().to(dtype=engine_dtype, copy=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "reported"),
+    [
+        ("to_engine_layout(source.g_cache)", False),  # the default: the copy, as it is
+        ("to_engine_layout(source.g_cache, None)", False),
+        ("to_engine_layout(source.g_cache, torch.bfloat16)", True),
+        ("to_engine_layout(source.g_cache, engine.cache_dtype)", True),  # not provably float32
+        ("to_engine_layout(source.g_cache, torch.float32)", False),
+    ],
+)
+def test_a_cast_helper_s_none_test_is_decided_by_the_argument(
+    tmp_path: Path, call: str, reported: bool
+) -> None:
+    body = (
+        "import torch\n\nfrom .layout import to_engine_layout\n\n\n"
+        "def push(source, target, engine):\n"
+        f"    target.g_cache = {call}\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/layout.py": _LAYOUT, "pkg/pool.py": body}
+    found = [f.code for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
+    assert found == (["RL004"] if reported else [])

@@ -149,52 +149,10 @@ class Evaluation:
         raise Unknown
 
     def possible(self, either: Value, context: Context) -> list[Value]:
-        """The branches of ``either`` that may be returned: a return guarded by a test on a
-        string parameter (``if ring == "state": return torch.float32``) that the call decides
-        false is not."""
-        if len(either) < 4:
-            return list(either[1])
-        kept = [
-            branch
-            for branch, alternatives in zip(either[1], either[3], strict=True)
-            if any(all(self.may_hold(c, context) for c in guard) for guard in alternatives)
-        ]
-        return kept or list(either[1])
+        """The branches of ``either`` that may be returned (:mod:`.return_choice`)."""
+        from replaylint.lint.dataflow.return_choice import possible
 
-    def may_hold(self, condition: list[Any], context: Context) -> bool:
-        """Whether ``["param_is", name, strings, holds]`` (or ``["param_in", name, collection,
-        holds]``) may hold for the arguments bound."""
-        if condition[0] not in {"param_is", "param_in"} or str(condition[1]) not in context.params:
-            return True
-        try:
-            passed = self.string(["param", condition[1]], context)
-            strings = (
-                condition[2] if condition[0] == "param_is" else self.strings(condition[2], context)
-            )
-        except Unknown:
-            return True
-        return (passed in strings) is bool(condition[3])
-
-    def strings(self, value: Value, context: Context) -> list[str | int]:
-        """The strings of a literal collection a project value denotes: ``("state", "g")``,
-        ``frozenset({...})`` or a module constant bound to one; raises :class:`Unknown`."""
-        self.step()
-        kind = value[0]
-        if kind in {"tuple", "set"}:
-            return [self.string(element, context) for element in value[1]]
-        if (
-            kind == "call"
-            and value[1] in (["name", "frozenset"], ["name", "set"], ["name", "tuple"])
-            and len(value[2]) == 1
-            and not value[3]
-        ):
-            return self.strings(value[2][0], context)
-        if kind in {"name", "ref", "attr"}:
-            target = self.target(value, context)
-            if isinstance(target, Found) and target.definition[0] == "value":
-                inner = Context(target.module, origins=target.origins)
-                return self.strings(target.definition[2], inner)
-        raise Unknown
+        return possible(self, either, context)
 
     def target_dtypes(self, target: Target | There | Here, context: Context) -> list[DtypeFact]:
         if isinstance(target, Here):

@@ -87,10 +87,12 @@ def _made(
     if definition[0] != "function":
         return (_allocation(evaluation, callee, value, context, call, site, env),)
     result: Value = definition[3]
-    branches = result[1] if result[0] == "either" else [result]
+    branches = [_kept(b) for b in (result[1] if result[0] == "either" else [result])]
     if not any(_is_cast(branch) for branch in branches):
         return (_allocation(evaluation, callee, value, context, call, site, env),)
     _, inner = evaluation.called(callee, value[2], value[3], context)
+    if result[0] == "either":  # `if dtype is None: return t` of a call passing a dtype
+        branches = [_kept(b) for b in evaluation.possible(result, inner)]
     if result[0] == "either" and len(result) > 2 and result[2]:
         # `t if t.dtype == dtype else t.to(dtype)`: the tensor is returned as it is only when
         # it has the dtype already, so the result has the cast's dtype either way
@@ -111,6 +113,22 @@ def _made(
 
 # the floating casts of `CAST_METHODS` (`.half()`, `.float()` ...): what a cast helper may return
 _CAST_METHODS = {m: d for m, d in CAST_METHODS.items() if d not in NON_FLOATING_DTYPES}
+
+
+# methods that give a tensor of the same dtype: `t.detach().clone()` is `t` as far as dtypes go
+_KEEPS_DTYPE = frozenset({"detach", "clone", "contiguous", "cpu", "cuda", "pin_memory"})
+
+
+def _kept(value: Value) -> Value:
+    """``value`` less the dtype-keeping methods called on it (``param.detach().clone()`` is
+    ``param``; ``param.detach().to(dtype)`` is ``param.to(dtype)``)."""
+    if value[0] != "call" or value[1][0] != "attr":
+        return value
+    receiver, method = value[1][1], value[1][2]
+    if method in _KEEPS_DTYPE and not any(k == "dtype" for k, _ in value[3]):
+        return _kept(receiver)
+    inner = _kept(receiver)
+    return value if inner is receiver else ["call", ["attr", inner, method], value[2], value[3]]
 
 
 def _is_cast(value: Value) -> bool:

@@ -12,7 +12,7 @@ Its summary is ``["either", [float32, model_dtype(...)], ...]``; a caller that p
 (``["param_is", name, [strings], holds]``: the parameter equals one of the strings, or equals
 none of them; ``["param_in", name, value, holds]``: it is, or is not, in a collection the function
 names, such as a module constant ``FP32_BUFFERS = frozenset({"state", "g_cache"})``, read when
-the call is evaluated): the ``if`` statements around it and the earlier ones that returned (or raised)
+the call is evaluated; ``["param_none", name, None, holds]``: it is, or is not, None): the ``if`` statements around it and the earlier ones that returned (or raised)
 when their test held. A test of another form, or on a parameter the body rebinds, is left out:
 the return stays possible whatever it says.
 """
@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Condition = list[Any]
-"""``["param_is", name, [string, ...], holds]`` or ``["param_in", name, value, holds]``."""
+"""``["param_is", name, [string, ...], holds]``, ``["param_in", name, value, holds]`` or
+``["param_none", name, None, holds]``."""
 ValueOf = Callable[[ast.expr], Any]
 """The summary value of an expression of the function (a module constant's name)."""
 
@@ -98,6 +99,10 @@ class _Walker:
         ):
             return None
         operator, right = test.ops[0], test.comparators[0]
+        if isinstance(operator, (ast.Is, ast.IsNot)):
+            if not (isinstance(right, ast.Constant) and right.value is None):
+                return None
+            return ["param_none", test.left.id, None, isinstance(operator, ast.Is)]
         if isinstance(operator, (ast.Eq, ast.NotEq)):
             strings = _strings([right])
             holds = isinstance(operator, ast.Eq)

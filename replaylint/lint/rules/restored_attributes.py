@@ -31,10 +31,11 @@ class Restore:
     """One ``setattr(obj, key, value)`` of a loop over a loaded mapping's items."""
 
     owner: str
-    """The object's name (``cache``, ``self``)."""
+    """The object as written (``cache``, ``self``, ``self.pool``)."""
     key: str
     """The loop's name variable."""
-    value: cst.Name
+    value: cst.BaseExpression
+    """The entry as passed: the loop's variable, or its move to a device."""
     gate_caches: tuple[str, ...]
     """The object's attributes that name a gate cache, sorted."""
     load: TensorFact
@@ -46,7 +47,7 @@ def restored_by_setattr(
     names: GateCacheNames,
     loop: cst.For,
     site: Site,
-    read_elsewhere: Callable[[cst.Name], set[str]] | None = None,
+    read_elsewhere: Callable[[cst.Name | cst.Attribute], set[str]] | None = None,
 ) -> list[Restore]:
     """The ``setattr`` calls of ``loop``'s body that restore a loaded entry, uncast, on an object
     that holds a gate cache; ``read_elsewhere``: the gate caches the module reads on an object
@@ -78,12 +79,15 @@ def restored_by_setattr(
             and isinstance(call.func, cst.Name)
             and call.func.value == "setattr"
             and len(arguments) == len(call.args) == 3
-            and isinstance(owner := arguments[0].value, cst.Name)
+            and isinstance(owner := arguments[0].value, (cst.Name, cst.Attribute))
             and _is(arguments[1].value, key.value)
-            and _is(arguments[2].value, value.value)
+            and _is(_unmoved(arguments[2].value), value.value)
         ):
             continue
-        gate_caches = _gate_attributes(prov, owner.value, names, site)
+        spelled = prov.index.module.code_for_node(owner)
+        gate_caches: tuple[str, ...] = ()
+        if isinstance(owner, cst.Name):
+            gate_caches = _gate_attributes(prov, owner.value, names, site)
         if read_elsewhere is not None:
             gate_caches = tuple(sorted({*gate_caches, *read_elsewhere(owner)}))
         if not gate_caches:
@@ -91,10 +95,33 @@ def restored_by_setattr(
         loads = [f for f in prov.tensor_facts(iterable.func.value, site) if f.kind is Kind.LOADED]
         if not loads:
             continue
-        passed = arguments[2].value
-        assert isinstance(passed, cst.Name)
-        found.append(Restore(owner.value, key.value, passed, gate_caches, loads[0]))
+        found.append(Restore(spelled, key.value, arguments[2].value, gate_caches, loads[0]))
     return found
+
+
+def _unmoved(expr: cst.BaseExpression) -> cst.BaseExpression:
+    """``t`` of ``t.to(device)``, ``t.to(pool.device)``, ``t.cpu()``: a move keeps the dtype."""
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
+        return expr
+    method, args = expr.func.attr.value, expr.args
+    if method in {"cpu", "cuda"} and not any(
+        a.keyword and a.keyword.value == "dtype" for a in args
+    ):
+        return expr.func.value
+    if method == "to" and len(args) == 1 and _a_device(args[0]):
+        return expr.func.value
+    return expr
+
+
+def _a_device(arg: cst.Arg) -> bool:
+    """``device=...``, ``"cpu"``, ``x.device``, ``device``: an argument naming a device."""
+    if arg.keyword is not None:
+        return arg.keyword.value == "device"
+    value = arg.value
+    if isinstance(value, cst.SimpleString):
+        return True
+    name = value.attr.value if isinstance(value, cst.Attribute) else getattr(value, "value", None)
+    return isinstance(name, str) and name.endswith("device")
 
 
 def _is(expr: cst.BaseExpression, name: str) -> bool:

@@ -451,7 +451,7 @@ loaded value — device, shape, layout — changes.
     def visit_For(self, node: cst.For) -> None:
         site = self.site()
 
-        def read_elsewhere(owner: cst.Name) -> set[str]:
+        def read_elsewhere(owner: cst.Name | cst.Attribute) -> set[str]:
             return gate_attributes_read(self.context, owner, site)
 
         restores = restored_by_setattr(
