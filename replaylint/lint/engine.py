@@ -115,9 +115,10 @@ class Linter:
             module,
             names,
             [
-                _unless_handed_over(context, checker.check_binding)
-                for checker in checkers
-                if checker.wants_bindings()
+                _unless_handed_over(
+                    context,
+                    [checker.check_binding for checker in checkers if checker.wants_bindings()],
+                )
             ],
             source=source,
             imported_list=(
@@ -175,12 +176,16 @@ class Linter:
         return fix_until_stable(lambda text: self.check(text, filename), source, unsafe=unsafe)
 
 
-def _unless_handed_over(context: FileContext, receive: BindingReceiver) -> BindingReceiver:
-    """``receive``, for every binding but an entry of a payload that the function only hands to
-    methods that copy it into tensors of their own (:mod:`replaylint.lint.dataflow.handed_over`)."""
+def _unless_handed_over(
+    context: FileContext, receivers: Sequence[BindingReceiver]
+) -> BindingReceiver:
+    """One receiver that hands every binding to ``receivers``, but an entry of a payload that the
+    function only hands to methods that copy it into tensors of their own
+    (:mod:`replaylint.lint.dataflow.handed_over`), decided once per binding."""
 
     def receiver(binding: GateCacheBinding) -> None:
-        if not handed_over(context.provenance, binding.value, binding.site):
-            receive(binding)
+        if receivers and not handed_over(context.provenance, binding.value, binding.site):
+            for receive in receivers:
+                receive(binding)
 
     return receiver

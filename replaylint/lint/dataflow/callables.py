@@ -122,18 +122,37 @@ def returned_values(
     if found is None:
         return None
     function, scopes, bound = found
-    definition_site = Site(scopes[:-1], function)
-    bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
+    bound_env = _call_env(prov, function, scopes, bound, call, site, env)
     if bound_env is None:
         return None
     scope = prov.index.scope(function)
-    if any(len(scope.bindings.get(name, ())) > 1 for name in bound_env):
-        bound_env = {}  # a parameter the body rebinds: no test on it is decided by the call
     return [
         (r.value, Site(scopes, statement))
         for r, statement in taken_returns(prov, scope, scopes, bound_env)
         if r.value is not None
     ]
+
+
+def _call_env(
+    prov: Provenance,
+    function: cst.FunctionDef,
+    scopes: tuple[ScopeNode, ...],
+    bound: bool,
+    call: cst.Call | None,
+    site: Site,
+    env: Env,
+) -> dict[str, str | Bound] | None:
+    """``function``'s parameters bound to the arguments of ``call`` (or their defaults); None
+    when they cannot be read. A function sees its parameters, not the caller's loop variables;
+    a parameter rebound in the body (``f = f.view(...)``) is read there as its own, not as the
+    argument of this call, so it is left out."""
+    definition_site = Site(scopes[:-1], function)
+    bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
+    if bound_env is None:
+        return None
+    scope = prov.index.scope(function)
+    rebound = [name for name in bound_env if len(scope.bindings.get(name, ())) > 1]
+    return {k: v for k, v in bound_env.items() if k not in rebound}
 
 
 def _function(
@@ -147,16 +166,9 @@ def _function(
     element: int | None = None,
 ) -> tuple[TensorFact, ...] | None:
     scope = prov.index.scope(function)
-    definition_site = Site(scopes[:-1], function)
-    # a function sees its parameters, not the caller's loop variables
-    bound_env = _arguments(prov, function.params, call, site, definition_site, env, {}, skip=bound)
+    bound_env = _call_env(prov, function, scopes, bound, call, site, env)
     if bound_env is None:
         return None
-    # a parameter rebound in the body (`f = f.view(...)`): the body reads it as its own
-    # parameter, not as the argument of this call
-    rebound = [name for name in bound_env if len(scope.bindings.get(name, ())) > 1]
-    if rebound:
-        bound_env = {k: v for k, v in bound_env.items() if k not in rebound}
     values = _yields(function)
     if values is None or (values and element is not None):
         return None

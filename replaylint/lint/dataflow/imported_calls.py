@@ -35,6 +35,7 @@ from replaylint.lint.dataflow.strings import Env
 from replaylint.lint.dataflow.summary_values import Here, as_value
 from replaylint.lint.dataflow.torch_api import (
     CAST_METHODS,
+    DTYPE_KEEPING_COPIES,
     NEW_METHODS,
     NON_FLOATING_DTYPES,
     PARTIALS,
@@ -115,17 +116,13 @@ def _made(
 _CAST_METHODS = {m: d for m, d in CAST_METHODS.items() if d not in NON_FLOATING_DTYPES}
 
 
-# methods that give a tensor of the same dtype: `t.detach().clone()` is `t` as far as dtypes go
-_KEEPS_DTYPE = frozenset({"detach", "clone", "contiguous", "cpu", "cuda", "pin_memory"})
-
-
 def _kept(value: Value) -> Value:
     """``value`` less the dtype-keeping methods called on it (``param.detach().clone()`` is
     ``param``; ``param.detach().to(dtype)`` is ``param.to(dtype)``)."""
     if value[0] != "call" or value[1][0] != "attr":
         return value
     receiver, method = value[1][1], value[1][2]
-    if method in _KEEPS_DTYPE and not any(k == "dtype" for k, _ in value[3]):
+    if method in DTYPE_KEEPING_COPIES and not any(k == "dtype" for k, _ in value[3]):
         return _kept(receiver)
     inner = _kept(receiver)
     return value if inner is receiver else ["call", ["attr", inner, method], value[2], value[3]]

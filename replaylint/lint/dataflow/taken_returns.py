@@ -41,11 +41,16 @@ def taken_returns(
         (r, statement, *scope.statements.get(id(statement), (0, ()))) for r, statement in returns
     ]
 
+    decided: dict[tuple[int, int], bool | None] = {}  # each guard at each return, asked once
+
     def holds(guard: Guard, statement: cst.CSTNode) -> bool | None:
         if guard.test is None:
             return None
-        value = condition(prov, guard.test, Site(scopes, statement), env)
-        return None if value is None else value is guard.polarity
+        key = (id(guard), id(statement))
+        if key not in decided:
+            value = condition(prov, guard.test, Site(scopes, statement), env)
+            decided[key] = None if value is None else value is guard.polarity
+        return decided[key]
 
     kept: list[tuple[cst.Return, cst.CSTNode]] = []
     for node, statement, order, guards in placed:

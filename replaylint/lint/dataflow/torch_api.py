@@ -128,6 +128,9 @@ DTYPE_PRESERVING_METHODS = frozenset(
     }
 )  # fmt: skip
 DTYPE_PRESERVING_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH"})
+# Copies and moves that keep a tensor's dtype and values: `buf.detach().cpu().to(dtype)` casts
+# `buf`, `tensor.detach().clone()` is `tensor` as far as dtypes go.
+DTYPE_KEEPING_COPIES = frozenset({"detach", "cpu", "cuda", "clone", "contiguous", "pin_memory"})
 
 # Functions that read tensors from a file, with the dtype they were saved in.
 TORCH_LOADERS = frozenset(

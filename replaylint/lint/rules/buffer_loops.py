@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.dataflow.torch_api import DTYPE_KEEPING_COPIES
 from replaylint.lint.syntax.traversal import descendants
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
-# what keeps a buffer's dtype on its way to a cast (`buf.detach().cpu().to(dtype)`)
-_KEEPS_DTYPE = frozenset({"detach", "cpu", "cuda", "clone", "contiguous", "pin_memory"})
 _CASTS = frozenset({"to", "type", "type_as", "half", "bfloat16", "float16"})
 
 
@@ -154,7 +153,7 @@ def _cast_of(value: cst.BaseExpression, buffer: str) -> cst.Call | None:
     while (
         isinstance(receiver, cst.Call)
         and isinstance(receiver.func, cst.Attribute)
-        and receiver.func.attr.value in _KEEPS_DTYPE
+        and receiver.func.attr.value in DTYPE_KEEPING_COPIES
     ):
         receiver = receiver.func.value
     if not (_is_name(receiver, buffer) or _is_data_of(receiver, buffer)):

@@ -69,13 +69,17 @@ def declared_setting(context: FileContext, index: ModuleIndex, dtype: cst.CSTNod
     )
 
 
-def keyword_only_setting(context: FileContext, fact: TensorFact) -> bool:
+def keyword_only_setting(
+    context: FileContext, fact: TensorFact, scope: cst.CSTNode | None = None
+) -> bool:
     """Whether every dtype of ``fact`` that is not float32 is a keyword-only parameter named
     for the gate cache's dtype (``*, log_decay_dtype=None``): a call can set it only as
-    ``log_decay_dtype=...``, which is judged as a setting where it is written."""
+    ``log_decay_dtype=...``, which is judged as a setting where it is written. With ``scope``
+    (the function of a loop over cache names), also when every such dtype is what the calls
+    pass for a keyword-only gate-dtype parameter of that function."""
     open_dtypes = [d for d in fact.dtypes if not d.is_float32]
     names = context.gate_caches
-    return bool(open_dtypes) and all(
+    if bool(open_dtypes) and all(
         d.dtype is None
         and d.binding is not None
         and d.binding.kind == "param"
@@ -83,6 +87,13 @@ def keyword_only_setting(context: FileContext, fact: TensorFact) -> bool:
         and isinstance(function := d.binding.scope, cst.FunctionDef)
         and any(p is d.binding.node for p in function.params.kwonly_params)
         for d in open_dtypes
+    ):
+        return True
+    if not open_dtypes or not isinstance(scope, cst.FunctionDef):
+        return False
+    keyword_only = {p.name.value for p in scope.params.kwonly_params}
+    return all(
+        d.parameter in keyword_only and names.names_gate_dtype(d.parameter) for d in open_dtypes
     )
 
 

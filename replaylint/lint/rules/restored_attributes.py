@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.gatecache.names import GateCacheNames
@@ -81,7 +82,7 @@ def restored_by_setattr(
             and len(arguments) == len(call.args) == 3
             and isinstance(owner := arguments[0].value, (cst.Name, cst.Attribute))
             and _is(arguments[1].value, key.value)
-            and _is(_unmoved(arguments[2].value), value.value)
+            and _is(_unmoved(prov, arguments[2].value, site), value.value)
         ):
             continue
         spelled = prov.index.module.code_for_node(owner)
@@ -99,7 +100,7 @@ def restored_by_setattr(
     return found
 
 
-def _unmoved(expr: cst.BaseExpression) -> cst.BaseExpression:
+def _unmoved(prov: Provenance, expr: cst.BaseExpression, site: Site) -> cst.BaseExpression:
     """``t`` of ``t.to(device)``, ``t.to(pool.device)``, ``t.cpu()``: a move keeps the dtype."""
     if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)):
         return expr
@@ -108,20 +109,13 @@ def _unmoved(expr: cst.BaseExpression) -> cst.BaseExpression:
         a.keyword and a.keyword.value == "dtype" for a in args
     ):
         return expr.func.value
-    if method == "to" and len(args) == 1 and _a_device(args[0]):
-        return expr.func.value
+    if method == "to" and len(args) == 1:
+        moved = args[0]
+        if (moved.keyword is not None and moved.keyword.value == "device") or (
+            moved.keyword is None and to_argument_role(prov, moved.value, site) == "device"
+        ):
+            return expr.func.value
     return expr
-
-
-def _a_device(arg: cst.Arg) -> bool:
-    """``device=...``, ``"cpu"``, ``x.device``, ``device``: an argument naming a device."""
-    if arg.keyword is not None:
-        return arg.keyword.value == "device"
-    value = arg.value
-    if isinstance(value, cst.SimpleString):
-        return True
-    name = value.attr.value if isinstance(value, cst.Attribute) else getattr(value, "value", None)
-    return isinstance(name, str) and name.endswith("device")
 
 
 def _is(expr: cst.BaseExpression, name: str) -> bool:

@@ -9,7 +9,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
-from replaylint.lint.dataflow.facts import DtypeFact, Kind, TensorFact
+from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
 from replaylint.lint.dataflow.strings import (
     Bound,
@@ -409,17 +409,11 @@ they were (safe).
         call = helper_call(value)
         if call is None:
             return
-        if self._helpers is None:
-            self._helpers = SharedHelpers(self.context, self.provenance)
         iterable = one_line(self.context.module, loop.iterable)
         condition = gate_name_test(variable, [e for _, e in gate_envs])
         subject = named_gate_cache(self.context.gate_caches, name)
-        found = self._helpers.finding(
-            call, subject, self.site(), None, LoopCall(loop.word, iterable, env, condition)
-        )
-        if found is not None and id(found.node) not in self._reported:
-            self._reported.add(id(found.node))
-            self.report(found.node, found.message, fix=found.fix)
+        made = LoopCall(loop.word, iterable, env, condition)
+        self._check_helper(call, subject, self.site(), None, made)
 
     def _held_gate(
         self, holder: cst.BaseExpression | str | None, env: Iteration, appended: bool
@@ -460,7 +454,7 @@ they were (safe).
             declared_setting(self.context, self.provenance.index, d.node) for d in narrow
         ):
             return  # `dtypes.gate` of `dtypes: RingDtypes`: judged where the record is built
-        if keyword_only_setting(self.context, fact) or self._set_by_keyword(narrow):
+        if keyword_only_setting(self.context, fact, self.site().scope):
             return  # `*, gate_dtype=torch.float32`: judged where each call sets it
         iterable = one_line(self.context.module, loop.iterable)
         condition = gate_name_test(variable, [env for _, env in gate_envs])
@@ -476,18 +470,6 @@ they were (safe).
             else conditional_fix(
                 self.context.module, self.context.spelling.torch_at(self.site()), fact, condition
             ),
-        )
-
-    def _set_by_keyword(self, narrow: Sequence[DtypeFact]) -> bool:
-        """Whether every dtype in ``narrow`` is what calls pass for a keyword-only parameter of
-        the loop's function named for the gate cache's dtype."""
-        scope = self.site().scope
-        if not narrow or not isinstance(scope, cst.FunctionDef):
-            return False
-        keyword_only = {p.name.value for p in scope.params.kwonly_params}
-        names = self.context.gate_caches
-        return all(
-            d.parameter in keyword_only and names.names_gate_dtype(d.parameter) for d in narrow
         )
 
     # ------------------------------------------------------- several targets, one dtype
@@ -570,11 +552,20 @@ they were (safe).
         if call is not None:
             self._check_helper(call, self.subject(binding), binding.site, None)
 
-    def _check_helper(self, call: cst.Call, subject: str, site: Site, position: int | None) -> None:
+    def _check_helper(
+        self,
+        call: cst.Call,
+        subject: str,
+        site: Site,
+        position: int | None,
+        loop: LoopCall | None = None,
+    ) -> None:
+        """The gate cache a helper call makes (one per iteration, in ``loop``), reported once."""
         if self._helpers is None:
             self._helpers = SharedHelpers(self.context, self.provenance)
-        found = self._helpers.finding(call, subject, site, position)
-        if found is not None:
+        found = self._helpers.finding(call, subject, site, position, loop)
+        if found is not None and id(found.node) not in self._reported:
+            self._reported.add(id(found.node))
             self.report(found.node, found.message, fix=found.fix)
 
 
