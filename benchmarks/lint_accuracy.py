@@ -99,6 +99,9 @@ HALVES = (
     "fresh24",
     "fresh25",
     "fresh26",
+    "fresh27",
+    "fresh28",
+    "fresh29",
 )
 CATEGORIES = (
     "pool-dtype",

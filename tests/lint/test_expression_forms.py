@@ -442,5 +442,109 @@ def test_a_cast_of_the_gate_cache_a_function_returns_is_reported_and_fixed() -> 
         """
     assert _findings(source) == [(5, "RL004"), (11, "RL004")]
     fixed = _fixed(source)
-    assert "d_cache.half(), k_cache.half(), g_cache.float()" in fixed
-    assert "return g_cache.to(torch.float32)" in fixed
+    # the local still names the tuple's tensor: the fixed cast stays a copy of it
+    assert "d_cache.half(), k_cache.half(), g_cache.to(torch.float32, copy=True)" in fixed
+    assert "return g_cache.to(torch.float32, copy=True)" in fixed
+
+
+@pytest.mark.parametrize(
+    ("cast", "fixed"),
+    [
+        ("live.g_cache.half()", "live.g_cache.to(torch.float32, copy=True)"),
+        ("live.g_cache.to(torch.float16)", "live.g_cache.to(torch.float32, copy=True)"),
+        (
+            "live.g_cache.to(torch.float16, copy=False)",
+            "live.g_cache.to(torch.float32, copy=False)",
+        ),
+        ("torch.zeros(4).half()", "torch.zeros(4).float()"),  # a fresh tensor: nobody else holds it
+    ],
+)
+def test_a_fixed_cast_of_a_held_tensor_stays_a_copy(cast: str, fixed: str) -> None:
+    source = f"import torch\n\ndef park(live, parked):\n    parked.g_cache = {cast}\n"
+    assert f"parked.g_cache = {fixed}\n" in _fixed(source)
+
+
+def test_the_fixed_cast_leaves_the_original_unaliased() -> None:
+    torch = pytest.importorskip("torch")
+    source = "import torch\n\ndef park(g_cache):\n    return g_cache.half()\n"
+    namespace: dict[str, object] = {}
+    exec(compile(_fixed(source), "<fixed>", "exec"), namespace)
+    live = torch.zeros(3)
+    parked = namespace["park"](live)  # type: ignore[operator]
+    parked.add_(1.0)
+    assert parked.dtype == torch.float32
+    assert float(live.sum()) == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["plan.atype", "torch.bfloat16"])
+def test_the_place_after_a_device_is_the_dtype_of_a_cast(dtype: str) -> None:
+    source = f"import torch\n\ndef park(plan, pool):\n    pool.g_cache = pool.g_cache.to(plan.device, {dtype})\n"
+    assert [f.code for f in Linter().check(source, "m.py")] == ["RL004"]
+
+
+@pytest.mark.parametrize(
+    ("read", "row"),
+    [('rings["gate"]', 6), ('rings.pop("gate")', 6), ('rings.get("d")', 5), ('rings["f"]', None)],
+)
+def test_an_entry_of_a_dict_literal_read_into_the_gate_cache_is_its_value(
+    read: str, row: int | None
+) -> None:
+    source = (
+        "import torch\n\n"
+        "def make(shape):\n"
+        "    rings = {\n"
+        '        "d": torch.zeros(shape, dtype=torch.bfloat16),\n'
+        '        "gate": torch.zeros(shape, dtype=torch.bfloat16),\n'
+        '        "f": torch.zeros(shape, dtype=torch.float32),\n'
+        "    }\n"
+        f"    g_cache = {read}\n"
+        "    return g_cache\n"
+    )
+    found = [(f.code, f.location.row) for f in Linter().check(source, "m.py")]
+    assert found == ([] if row is None else [("RL001", row)])
+    if row == 6:
+        assert '"gate": torch.zeros(shape, dtype=torch.float32),' in _fixed(source)
+
+
+def test_a_dict_written_after_it_is_built_is_not_read_by_its_literal() -> None:
+    source = (
+        "import torch\n\n"
+        "def make(shape, other):\n"
+        '    rings = {"gate": torch.zeros(shape, dtype=torch.bfloat16)}\n'
+        '    rings["gate"] = other\n'
+        '    g_cache = rings["gate"]\n'
+        "    return g_cache\n"
+    )
+    assert Linter().check(source, "m.py") == []
+
+
+def test_a_cast_to_a_variable_dtype_is_fixed_without_a_copy() -> None:
+    # the dtype may be float32 at run time, where the cast handed the ring back as it is
+    source = "import torch\n\ndef bind(pool, kwargs):\n    kwargs['g_cache'] = pool.g_cache.to(pool.dtype)\n"
+    assert "kwargs['g_cache'] = pool.g_cache.to(torch.float32)\n" in _fixed(source)
+
+
+def test_a_comprehension_over_spread_items_is_judged_for_the_literal_entries_after_them() -> None:
+    source = textwrap.dedent(
+        """
+        import torch
+
+        class Pool:
+            def resize(self, slots):
+                grown = {
+                    name: torch.zeros(slots, *t.shape[1:], dtype=self.dtype)
+                    for name, t in (*self.rings.items(), ("gate", self.g_cache))
+                }
+                self.g_cache = grown.pop("gate")
+                self.rings.update(grown)
+        """
+    )
+    findings = Linter().check(source, "m.py")
+    assert [f.code for f in findings] == ["RL006"]
+    assert 'dtype=torch.float32 if name == "gate" else self.dtype' in _fixed(source)
+    # spread after the literal entry: its items may overwrite "gate", so nothing is judged
+    later = source.replace(
+        '(*self.rings.items(), ("gate", self.g_cache))',
+        '(("gate", self.g_cache), *self.rings.items())',
+    )
+    assert Linter().check(later, "m.py") == []

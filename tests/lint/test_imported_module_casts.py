@@ -335,7 +335,9 @@ def build():
         ("", "", False),  # built here: the setup method has not run, so there is no cache yet
         ("    model.setup_static_cache()\n", "", True),
         ("    model.generate(None)\n", "", True),  # runs the setup method
-        ("    prepare(model)\n", "", True),  # handed on: any method may have run
+        ("    prepare(model)\n", "", True),  # handed on to a function that runs the setup
+        ("    describe(model)\n", "", False),  # handed on to one that calls no setup method
+        ("    print(model)\n", "", True),  # handed on outside the project: anything may run
         ("    model.setup_static_cache()\n", "    model.setup_static_cache()\n", False),
         ("    model.generate(None)\n", "    model.generate(None)\n", False),
     ],
@@ -344,8 +346,8 @@ def test_a_part_a_later_method_installs_counts_once_that_method_ran(
     tmp_path: Path, before: str, after: str, reported: bool
 ) -> None:
     serving = _SERVING_WITH_SETUP.format(before=before, after=after)
-    if "prepare(" in before:
-        serving += "\n\ndef prepare(model):\n    model.setup_static_cache()\n"
+    serving += "\n\ndef prepare(model):\n    model.setup_static_cache()\n"
+    serving += "\n\ndef describe(model):\n    return str(model.proj.weight.shape)\n"
     files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
     found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/serving.py")]
     if reported:
@@ -353,6 +355,31 @@ def test_a_part_a_later_method_installs_counts_once_that_method_ran(
         assert "held by `Model.static_cache`" in found[0][1]
     else:
         assert found == []
+
+
+@pytest.mark.parametrize(("call", "reported"), [("", False), ("model.attach(2)", True)])
+def test_a_part_class_given_as_a_parameter_default_is_installed_by_its_method(
+    tmp_path: Path, call: str, reported: bool
+) -> None:
+    serving = (
+        "from torch import nn\n"
+        "from .caches import StaticCache\n\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))\n\n"
+        "    def attach(self, size, cache_cls=StaticCache):\n"
+        "        for layer in self.layers:\n"
+        "            layer.cache = cache_cls(size)\n\n\n"
+        "def build():\n"
+        "    model = Model()\n"
+        f"    {call or 'pass'}\n"
+        "    model.half()\n"
+        "    return model\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/caches.py": _CACHES, "pkg/serving.py": serving}
+    found = [f.code for f in lint_in_project(tmp_path, files, "pkg/serving.py")]
+    assert found == (["RL004"] if reported else [])
 
 
 def test_a_parameter_of_a_class_with_a_later_installed_part_may_hold_it(tmp_path: Path) -> None:
@@ -449,3 +476,29 @@ def test_an_attribute_given_values_of_two_classes_is_not_guessed(tmp_path: Path)
     )
     files = {"pkg/__init__.py": "", "pkg/cache.py": _RING_CACHE, "pkg/model.py": model}
     assert lint_in_project(tmp_path, files, "pkg/model.py") == []
+
+
+def test_an_imported_class_that_puts_saved_buffers_back_by_name_keeps_them(
+    tmp_path: Path,
+) -> None:
+    rings = (
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Rings(nn.Module):\n"
+        '    FP32_BUFFERS = ("g_cache",)\n\n'
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.register_buffer("g_cache", torch.zeros(2, dtype=torch.float32))\n'
+        '        self.register_buffer("d_cache", torch.zeros(2))\n\n'
+        "    def _apply(self, fn, recurse=True):\n"
+        "        kept = {name: getattr(self, name) for name in self.FP32_BUFFERS}\n"
+        "        super()._apply(fn, recurse)\n"
+        "        for name, old in kept.items():\n"
+        "            setattr(self, name, old.to(self.d_cache.device))\n"
+        "        return self\n"
+    )
+    serving = "from .rings import Rings\n\n\ndef build():\n    return Rings().half()\n"
+    files = {"pkg/__init__.py": "", "pkg/rings.py": rings, "pkg/serving.py": serving}
+    assert lint_in_project(tmp_path, files, "pkg/serving.py") == []
+    passing = rings.replace("setattr(self, name, old.to(self.d_cache.device))", "pass")
+    files["pkg/rings.py"] = passing
+    assert [f.code for f in lint_in_project(tmp_path, files, "pkg/serving.py")] == ["RL004"]

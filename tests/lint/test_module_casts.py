@@ -211,6 +211,7 @@ def _rows(use: str) -> list[int]:
         "KimiForCausalLM(config).bfloat16()",
         "KimiForCausalLM(config).type(torch.float16)",
         "KimiForCausalLM(config).to('cuda', torch.bfloat16)",
+        "KimiForCausalLM(config).to(plan.device, plan.atype)",  # after a device: the dtype
         "KimiForCausalLM(config).cuda().to(dtype=model_dtype)",
         "KimiForCausalLM(config).to(str_dtype_to_torch(config.torch_dtype))",
         "model = KimiModel(config)\nmodel = model.to(torch.bfloat16)",
@@ -422,6 +423,14 @@ def test_a_cycle_of_attributes_terminates() -> None:
             "super()._apply(fn, recurse)\n        self.g_cache = self.g_cache.float()\n"
             "        return self",
             False,  # mentions float32
+        ),
+        (
+            'kept = {name: getattr(self, name) for name in ("g_cache",)}\n'
+            "        super()._apply(fn, recurse)\n"
+            "        for name, old in kept.items():\n"
+            "            setattr(self, name, old.to(self.d_cache.device))\n"
+            "        return self",
+            False,  # puts back, by name, what it saved before the cast
         ),
     ],
 )

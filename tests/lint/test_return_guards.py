@@ -280,3 +280,50 @@ def test_a_cast_helper_s_none_test_is_decided_by_the_argument(
     files = {"pkg/__init__.py": "", "pkg/layout.py": _LAYOUT, "pkg/pool.py": body}
     found = [f.code for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
     assert found == (["RL004"] if reported else [])
+
+
+_CONDITIONAL_POLICY = """
+import torch
+
+FP32_RINGS = frozenset({"state", "g_cache"})
+
+
+def ring_dtype(name, compute_dtype):
+    if name == "write_pos":
+        return torch.int32
+    return torch.float32 if name in FP32_RINGS else compute_dtype
+
+
+def ring_dtype_by_literal(name, compute_dtype):
+    return compute_dtype if name != "g_cache" else torch.float32
+
+
+def ring_dtype_untested(name, compute_dtype, fp32):
+    return torch.float32 if fp32 else compute_dtype
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "reported"),
+    [
+        ('ring_dtype("g_cache", self.dtype)', False),  # the branch the name reaches: float32
+        ('ring_dtype("d_cache", self.dtype)', True),  # the compute dtype, for the gate ring
+        ('ring_dtype_by_literal("g_cache", self.dtype)', False),
+        ('ring_dtype_by_literal("d_cache", self.dtype)', True),
+        ("ring_dtype_untested('g_cache', self.dtype, True)", True),  # not a test on a name
+    ],
+)
+def test_a_conditional_return_tested_on_the_ring_name_picks_its_branch(
+    tmp_path: Path, call: str, reported: bool
+) -> None:
+    body = (
+        "import torch\n\nfrom .policy import ring_dtype, ring_dtype_by_literal, "
+        "ring_dtype_untested\n\n\n"
+        "class Rings:\n"
+        "    def __init__(self, shape, dtype):\n"
+        "        self.dtype = dtype\n"
+        f"        self.g_cache = torch.zeros(shape, dtype={call})\n"
+    )
+    files = {"pkg/__init__.py": "", "pkg/policy.py": _CONDITIONAL_POLICY, "pkg/pool.py": body}
+    found = [f.code for f in lint_in_project(tmp_path, files, "pkg/pool.py")]
+    assert bool(found) is reported, found

@@ -45,6 +45,9 @@ def test_a_name_beside_its_d_and_k_siblings_is_a_gate_cache(text: str, derived: 
         "g_cache = x\nd_cache = a\nk_cache = b\ncache = c\n",
         # nor is a word that qualifies it in the middle (`move` of `alpha_move_buffer`)
         "self.alpha_move_buffer = a\nfor name in ('delta', 'key'):\n    move = b\n",
+        # one step's entries, written into the rings, are not rings
+        "g_cache = x\ndef update(d_row, k_row, g_row):\n    pass\n",
+        "mm.alpha_buffer\ndelta_step = a\nkey_step = b\nalpha_step = c\n",
     ],
 )
 def test_no_gate_cache_without_both_siblings_and_a_ring_word(text: str) -> None:

@@ -45,6 +45,12 @@ def _ordered(source: str) -> list[str]:
         ("d_view = a\nk_view = b\ng_view = c", []),  # locals: views of one function
         ("d_proj = a\nk_proj = b\nv_proj = c", []),
         ("self.delta = a\nself.key = b\nself.value = c", []),
+        # the kernel's order, checkpoint first and cursor last: the fourth is the gate ring
+        ("state += [time_state, d_ring, k_ring, w_log, pos]", ["w_log"]),
+        ("chunk = (ssm_state, delta, key, forget, write_pos)", ["forget"]),
+        ("row = (state, d_ring, k_ring, beta, mask)", []),  # no cursor after it
+        ("row = (weights, d_ring, k_ring, w_log, pos)", []),  # no checkpoint before it
+        ("row = (state, d_ring, k_ring, scale, pos)", []),  # metadata, not a ring
     ],
 )
 def test_the_third_ring_of_a_family_is_the_gate_ring(source: str, expected: list[str]) -> None:

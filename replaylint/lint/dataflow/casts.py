@@ -70,7 +70,8 @@ def to_facts(
             other = first
         elif role == "device" and len(positional) > 1:
             second = positional[1].value
-            if to_argument_role(prov, second, site, env) == "dtype":
+            # `.to(device, dtype)`: the one place after a device is the dtype's
+            if to_argument_role(prov, second, site, env) in {"dtype", "unknown"}:
                 dtype_expr = second
         elif role == "unknown":
             yield TensorFact(Kind.UNKNOWN, call)
@@ -87,7 +88,13 @@ def to_facts(
     if dtype_expr is not None:
         detail = f"`.to({one_line(prov.index.module, dtype_expr)})`"
         facts = prov.dtype_facts(dtype_expr, site, env)
-        yield _cast(call, dtype_expr, facts, detail, SetDtype(dtype_expr))
+        # a dtype that is surely not float32 made a copy of a float32 source; a variable one
+        # may be float32 at run time, where the cast handed the source back as it is
+        narrowing = bool(facts) and all(f.dtype is not None and not f.is_float32 for f in facts)
+        copying = (
+            call if narrowing and keyword_arg(call, "copy") is None and held(receiver) else None
+        )
+        yield _cast(call, dtype_expr, facts, detail, SetDtype(dtype_expr, copying))
         return
     if other is not None:
         other_facts = prov.tensor_facts(other, site, env)
@@ -224,6 +231,19 @@ def _cast(
     if all_not_floating(dtypes):
         return TensorFact(Kind.NOT_FLOATING, call, dtypes=dtypes)
     return TensorFact(Kind.CAST, node, call=call, dtypes=dtypes, detail=detail, target=target)
+
+
+def held(receiver: cst.BaseExpression) -> bool:
+    """Whether ``receiver`` names a tensor others may hold (a name, an attribute, an item,
+    ``getattr(obj, name)``): a cast of it that would hand it back as it is must copy instead. A
+    fresh value (an allocation, arithmetic) has no other holder."""
+    if isinstance(receiver, (cst.Name, cst.Attribute, cst.Subscript)):
+        return True
+    return (
+        isinstance(receiver, cst.Call)
+        and isinstance(receiver.func, cst.Name)
+        and receiver.func.value == "getattr"
+    )
 
 
 def to_argument_role(

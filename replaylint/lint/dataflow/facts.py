@@ -80,16 +80,24 @@ class Kind(enum.Enum):
 # ----------------------------------------------------------------- what would make it float32
 @dataclass(frozen=True)
 class SetDtype:
-    """``node`` is a dtype expression: make it float32 (``dtype=x`` -> ``dtype=torch.float32``)."""
+    """``node`` is a dtype expression: make it float32 (``dtype=x`` -> ``dtype=torch.float32``).
+    ``copying``: the ``.to(...)`` call it is the dtype of, which passes no ``copy``. Its result
+    was a new tensor whenever the dtype changed; cast to float32, a float32 source would be
+    handed back as it is, so the fixed call passes ``copy=True`` to stay a copy."""
 
     node: cst.BaseExpression
+    copying: cst.Call | None = None
 
 
 @dataclass(frozen=True)
 class CastMethodToFloat:
-    """``node`` names a cast method (``.half``): cast to float32 instead (``.float``)."""
+    """``node`` names a cast method (``.half``): cast to float32 instead. ``call``: the call
+    (``t.half()``), which gives a new tensor whenever the dtype changes; ``.float()`` would hand
+    a float32 source back as it is, so where torch can be spelled it becomes
+    ``t.to(torch.float32, copy=True)``."""
 
     node: cst.Name
+    call: cst.Call | None = None
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,11 @@ def imported_gate_buffer(
             return None
         # a module made in this scope holds what its methods called here install; one handed in
         # (a parameter, an attribute) may have had any of them run
-        known_calls = _made_in_scope(prov, receiver, site) and not handed_on(receiver, site)
+        made = _made_in_scope(prov, receiver, site)
+        known_calls = made and not handed_on(receiver, site)
         called = methods_called(receiver, site) if known_calls else None
+        if made and not known_calls:
+            called = _methods_run_elsewhere(prov, receiver, site)
         fresh = constructed_here(
             prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
         )
@@ -111,6 +114,66 @@ def imported_gate_buffer(
         )
     except MALFORMED:
         return None
+
+
+def _methods_run_elsewhere(
+    prov: Provenance, receiver: cst.BaseExpression, site: Site
+) -> frozenset[str] | None:
+    """The methods that may have run on ``receiver``, made in this scope and handed on before
+    ``site``: those the scope calls on it, ``forward`` when the scope calls it, and every method
+    name that the modules of the project callees it is passed to call (``ExLlamaGenerator(model,
+    cache)`` of a module that never calls ``.attach_caches(``); None when a callee is not of
+    the project."""
+    root = chain_root(receiver)
+    if not isinstance(root, cst.Name) or prov.project is None:
+        return None
+    called = set(methods_called(receiver, site))
+    for node in descendants(site.scope):  # in source order
+        if node is site.statement:
+            break
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Name) and node.func.value == root.value:
+            called |= {"forward", "__call__"}
+        elif any(isinstance(a.value, cst.Name) and a.value.value == root.value for a in node.args):
+            methods = _methods_callee_calls(prov, node.func, site)
+            if methods is None:
+                return None
+            called |= methods
+    return frozenset(called)
+
+
+def _methods_callee_calls(
+    prov: Provenance, func: cst.BaseExpression, site: Site
+) -> frozenset[str] | None:
+    """The method names the class or function ``func`` denotes may call: those its own
+    statement calls, for one of this module; those its module calls, for one of another
+    project module; None for any other callee."""
+    assert prov.project is not None
+    if isinstance(func, cst.Name):
+        bound = prov.lookup(func.value, site) or []
+        if len(bound) == 1 and bound[0][0].kind == "definition":
+            return frozenset(
+                node.func.attr.value
+                for node in descendants(bound[0][0].statement)
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            )
+    module = _callee_module(prov, func, site)
+    return None if module is None else prov.project.index.methods_called_in(module)
+
+
+def _callee_module(prov: Provenance, func: cst.BaseExpression, site: Site) -> str | None:
+    """The project module that defines the class or function ``func`` denotes."""
+    assert prov.project is not None
+    found = _class(prov, func, site)
+    if found is not None:
+        return found.module
+    value = as_value(prov, func, site, NO_ENV)
+    if value is not None and value[0] == "ref":
+        target = prov.project.resolve(str(value[2]))
+        if isinstance(target, Found) and target.definition[0] == "function":
+            return target.module
+    return None
 
 
 def _made_in_scope(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:

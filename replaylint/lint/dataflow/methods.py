@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from replaylint.lint.dataflow import casts, loads, strings
+from replaylint.lint.dataflow import casts, dict_entries, loads, strings
 from replaylint.lint.dataflow.facts import (
     CastMethodToFloat,
     CastValue,
@@ -59,7 +59,9 @@ def method_facts(
                 call=call,
                 dtypes=(DtypeFact(dtype, call.func.attr),),
                 detail=f"`.{method}()`",
-                target=CastMethodToFloat(call.func.attr),
+                target=CastMethodToFloat(
+                    call.func.attr, call if not call.args and casts.held(receiver) else None
+                ),
             )
         return
     if method == "to":
@@ -115,7 +117,8 @@ def method_facts(
         if key is not None and prov.index.gate_caches.matches(key):
             yield TensorFact(Kind.FLOAT32, call, detail="a gate cache")
             return
-        yield TensorFact(Kind.UNKNOWN, call)
+        entry = None if key is None else dict_entries.entry_facts(prov, receiver, key, site, env)
+        yield from entry if entry is not None else (TensorFact(Kind.UNKNOWN, call),)
         return
     if method in DTYPE_PRESERVING_METHODS:
         yield from prov.tensor_facts(receiver, site, env)

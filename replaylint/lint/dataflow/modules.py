@@ -166,8 +166,12 @@ def module_cast_dtypes(
         if method == "type" and expr is None and positional:
             return _type_dtypes(prov, positional[0].value, site)
         like: cst.BaseExpression | None = None
+        roles: list[str | None] = []
         for arg in positional[:2] if method == "to" else ():
             role = to_argument_role(prov, arg.value, site) if expr is None else None
+            if role == "unknown" and roles == ["device"]:
+                role = "dtype"  # `.to(device, dtype)`: the one place after a device
+            roles.append(role)
             if role == "dtype":
                 expr = arg.value
             elif role == "tensor" and like is None and arg is positional[0]:
@@ -452,6 +456,8 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             name = static_name(key.value) if key is not None else None
             if name is not None and names.matches(name):
                 return True
+            if called == "setattr" and key is not None and name is None and _is_self(args[0]):
+                return True  # `setattr(self, name, kept)` of each name saved before the cast
         elif isinstance(node, (cst.Attribute, cst.Name)):
             if literal_dtype(prov.index, node) == FLOAT32:
                 return True
@@ -463,6 +469,10 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             return True  # `self._buffers[name] = kept`: puts back what it saved before the cast
         stack.extend(syntax_children(node))
     return False
+
+
+def _is_self(arg: cst.Arg) -> bool:
+    return isinstance(arg.value, cst.Name) and arg.value.value == "self"
 
 
 def _module_table_entry(target: cst.BaseExpression) -> bool:

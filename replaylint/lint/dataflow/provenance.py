@@ -34,6 +34,7 @@ from replaylint.lint.dataflow import (
     conditions,
     containers,
     defaults,
+    dict_entries,
     imported,
     imported_calls,
     imported_modules,
@@ -388,8 +389,9 @@ class Provenance:
         if key is not None:
             if self.index.gate_caches.matches(key):
                 yield TensorFact(Kind.FLOAT32, expr, detail="a gate cache")
-            else:
-                yield TensorFact(Kind.UNKNOWN, expr)
+            else:  # `rings["gate"]` of a dict the scope builds
+                entry = dict_entries.entry_facts(self, expr.value, key, site, env)
+                yield from entry if entry is not None else (TensorFact(Kind.UNKNOWN, expr),)
             return
         index = expr.slice[0].slice if len(expr.slice) == 1 else None
         if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):

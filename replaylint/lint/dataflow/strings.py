@@ -111,6 +111,17 @@ def string_value(
             else:
                 return None
         return "".join(parts)
+    if isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and prov.enter():
+        # `spec.name` of `spec = RingSpec("g_cache", shape)` (or a loop over such records)
+        try:
+            from replaylint.lint.dataflow.records import field_value
+
+            held = field_value(prov, expr.value, expr.attr.value, site, env)
+            if held is None:
+                return None
+            return string_value(prov, held.value, held.site, env)
+        finally:
+            prov.leave()
     if isinstance(expr, cst.ConcatenatedString):
         left = string_value(prov, expr.left, site, env)
         right = string_value(prov, expr.right, site, env)
@@ -438,6 +449,25 @@ def element_env(comprehension: cst.ListComp | cst.GeneratorExp, site: Site, env:
     if clause.inner_for_in is not None or not isinstance(clause.target, cst.Name):
         return env
     return {**env, clause.target.value: Bound(clause.iter, site, tuple(env.items()))}
+
+
+def trailing_iterations(
+    prov: Provenance, target: cst.BaseExpression, iterable: cst.BaseExpression, site: Site
+) -> list[Iteration] | None:
+    """For a tuple or list iterable whose unknown parts are spread first (``(*rings.items(),
+    ("gate", self.g_ring))``), one iteration per literal element after the last spread: the
+    entries a dict comprehension over it writes last, which no spread element overwrites."""
+    if not isinstance(iterable, (cst.Tuple, cst.List)):
+        return None
+    elements = list(iterable.elements)
+    starred = [i for i, e in enumerate(elements) if isinstance(e, cst.StarredElement)]
+    tail = elements[starred[-1] + 1 :] if starred else elements
+    result: list[Iteration] = []
+    for element in tail:
+        env: Iteration = {}
+        _match(prov, target, element.value, site, env)
+        result.append(env)
+    return result or None
 
 
 def _match(

@@ -4,7 +4,10 @@ cache only.
 ``for name in ("d_cache", "k_cache", "g_cache"): ... torch.zeros(shape, dtype=dtype)`` gets
 ``dtype=torch.float32 if name == "g_cache" else dtype`` (or ``dtype=torch.float32 if ... else
 None`` where no dtype was given: ``None`` keeps the old behaviour for the other caches), and
-``getattr(self, name).half()`` gets ``.float()`` for the gate cache only.
+``getattr(self, name).half()`` gets ``.to(torch.float32, copy=True)`` for the gate cache only. A
+cast to a dtype that is surely not float32 made a new tensor; cast to float32, a float32 gate
+cache would be handed back as it is, so the gate cache's cast passes ``copy``
+(``.to(torch.float32 if name == "g_cache" else torch.float16, copy=name == "g_cache")``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ def conditional_fix(
         if isinstance(target.node, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
             original = f"({original})"
         edit = Replace(target.node, f"{spelling} if {condition} else {original}")
+        if target.copying is not None and target.copying.args:
+            # a float32 gate cache stays a copy, as its cast made one; the others as they were
+            copy = InsertAfter(target.copying.args[-1], f", copy={condition}")
+            return FixDraft(
+                f"Use {spelling} for the gate cache only",
+                (edit, copy, *torch.imports),
+                Applicability.SAFE if torch.safe else Applicability.UNSAFE,
+            )
     elif isinstance(target, AddDtypeArgument) and target.node.args:
         edit = InsertAfter(target.node.args[-1], f", dtype={spelling} if {condition} else None")
     elif isinstance(target, CastValue):  # a load: cast what it read, for the gate cache only
@@ -61,7 +72,8 @@ def conditional_fix(
             return None
         original = one_line(module, call, 10_000)
         tensor = one_line(module, call.func.value, 10_000)
-        edit = Replace(call, f"({tensor}.float() if {condition} else {original})")
+        copied = f"{tensor}.to({spelling}, copy=True)"  # a new tensor, as the cast made
+        edit = Replace(call, f"({copied} if {condition} else {original})")
     else:
         return None
     # safe, unless spelling float32 needs an import the module did not need before

@@ -82,8 +82,11 @@ class Float32Spelling:
     def edits_for(self, target: Float32Target, site: Site) -> Float32Edits | None:
         """The edits that make ``target`` produce float32, or None when there is no way."""
         edit: EditDraft
-        if isinstance(target, CastMethodToFloat):  # no torch spelling needed
-            return (Replace(target.node, "float"),), True
+        if isinstance(target, CastMethodToFloat):
+            copied = self._copying_cast(target, site)
+            if copied is not None:
+                return copied
+            return (Replace(target.node, "float"),), True  # no torch spelling needed
         if isinstance(target, FloatTensorType):
             node = target.node
             if isinstance(node, cst.SimpleString):
@@ -96,6 +99,9 @@ class Float32Spelling:
         spelling = torch.attribute("float32")
         if isinstance(target, SetDtype):
             edit = Replace(target.node, spelling)
+            if target.copying is not None and target.copying.args:
+                copy = InsertAfter(target.copying.args[-1], ", copy=True")
+                return (edit, copy, *torch.imports), torch.safe
         elif isinstance(target, DeviceOfOther):  # the Arg, parentheses included
             other = target.node.value
             if not isinstance(other, (cst.Name, cst.Attribute, cst.Subscript)):
@@ -127,6 +133,22 @@ class Float32Spelling:
                 return None
             edit = InsertAfter(target.node.args[-1], f", dtype={spelling}")
         return (edit, *torch.imports), torch.safe
+
+    def _copying_cast(self, target: CastMethodToFloat, site: Site) -> Float32Edits | None:
+        """``t.half()`` as ``t.to(torch.float32, copy=True)``: a new tensor, as before; None
+        when torch cannot be spelled here without an import."""
+        call, torch = target.call, self.torch_at(site)
+        if (
+            call is None
+            or not isinstance(call.func, cst.Attribute)
+            or torch is None
+            or not torch.safe
+            or torch.imports
+        ):
+            return None
+        receiver = self.module.code_for_node(call.func.value)
+        spelling = torch.attribute("float32")
+        return (Replace(call, f"{receiver}.to({spelling}, copy=True)"),), True
 
     def cast_at(self, value: cst.BaseExpression, site: Site) -> Float32Edits | None:
         """``<value>.to(torch.float32)``, parenthesised when ``value`` is not a primary."""

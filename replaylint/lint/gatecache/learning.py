@@ -167,7 +167,11 @@ def _alias_pattern(names: GateCacheNames) -> Callable[[str], bool]:
     words = [piece for piece in pieces if len(piece) > 2]
     if not words:
         return lambda text: False
-    accessor = re.compile(r"\bdef\s+(\w+)\s*\(\s*self\s*\)|\b(\w+)\s*=\s*property\s*\(")
+    method = re.compile(r"\bdef\s+(\w+)\s*\(\s*self\s*\)")
+    # `= property(` first, then the name before it: a pattern that starts with `\w+` would be
+    # tried at every word of the text
+    assigned = re.compile(r"=\s*property\s*\(")
+    name_before = re.compile(r"\b(\w+)\s*\Z")
 
     def named(text: str) -> bool:
         lowered = text.lower()
@@ -176,7 +180,13 @@ def _alias_pattern(names: GateCacheNames) -> Callable[[str], bool]:
     def may_alias(text: str) -> bool:
         if not named(text):
             return False
-        return any(named(match.group(1) or match.group(2)) for match in accessor.finditer(text))
+        if any(named(match.group(1)) for match in method.finditer(text)):
+            return True
+        for match in assigned.finditer(text):
+            before = name_before.search(text, max(0, match.start() - 256), match.start())
+            if before is not None and named(before.group(1)):
+                return True
+        return False
 
     return may_alias
 

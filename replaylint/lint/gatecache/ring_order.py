@@ -9,7 +9,9 @@ list elements, a call's positional arguments, unpacking targets, strings) that a
 a d-ring word, then a k-ring word, then another word in the same place (``nc_d, nc_k, nc_decay``,
 ``delta_rows, key_rows, alpha_rows``) make the third the gate ring. A one-word name needs whole
 words (``delta, key, alpha``), and words that name metadata (``_shape``, ``_dtype``) or are too
-generic to mean the gate ring (``g``, ``x``) are never taken.
+generic to mean the gate ring (``g``, ``x``) are never taken. Five names in the kernel's own
+order pin the gate ring whatever it is called: the checkpoint, the d and the k ring, the gate
+ring, the cursor (``state += [time_state, d_ring, k_ring, w_log, pos]``).
 
 Declarations name their rings too: the fields of a record class (``d: Tensor``, ``k: Tensor``,
 ``decay: Tensor``), the keywords of a call (``Seed(d=..., k=..., decay=...)``) and the keys of a
@@ -100,6 +102,12 @@ def gate_rings_by_order(tree: ast.AST, filename: str) -> Iterator[tuple[str, Lea
             continue
         declared = _declared_rows(node)
         rows = [([written_name(element) for element in row], False) for row in _rows(node)]
+        for names, _ in rows:
+            for found in _kernel_rows(names):
+                reason = (
+                    f"{WRITTEN_AFTER} `{found[1]}` and `{found[2]}`, in the place of the gate ring"
+                )
+                yield found[3], LearnedFrom(filename, getattr(node, "lineno", 1), "", reason)
         for names, one_letter in [*rows, *((row, True) for row in declared)]:
             for first, second, third in zip(names, names[1:], names[2:], strict=False):
                 if (
@@ -176,6 +184,46 @@ def written_name(expr: ast.expr) -> str | None:
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value.isidentifier():
         return expr.value
     return None
+
+
+def _kernel_rows(names: Sequence[str | None]) -> Iterator[tuple[str, str, str, str, str]]:
+    """Five names in the decode kernel's order, its state, the d and the k ring (one family),
+    the gate ring and the cursor (``time_state, d_ring, k_ring, w_log, pos``): the fourth is the
+    gate ring whatever it is called, the checkpoint before and the cursor after pinning it."""
+    for window in zip(names, names[1:], names[2:], names[3:], names[4:], strict=False):
+        state, d_name, k_name, gate, cursor = window
+        if not (state and d_name and k_name and gate and cursor):
+            continue
+        state_words = set(state.lower().split("_"))
+        cursor_words = set(cursor.lower().split("_"))
+        gate_words = gate.lower().split("_")
+        if (
+            state_words & _CHECKPOINT_WORDS
+            and cursor_words & _CURSOR_WORDS
+            and _d_and_k(d_name, k_name)
+            and gate.lower() not in _GENERIC
+            and len(gate) > 2
+            and not any(w in _D_WORDS | _K_WORDS | _METADATA | _NOT_RINGS for w in gate_words)
+        ):
+            yield state, d_name, k_name, gate, cursor
+
+
+_CHECKPOINT_WORDS = frozenset({"state", "states", "checkpoint", "kv", "ssm"})
+_CURSOR_WORDS = frozenset({"pos", "position", "positions", "cursor", "cursors", "steps", "ptr"})
+
+
+def _d_and_k(first: str, second: str) -> bool:
+    """``d_ring, k_ring``, ``delta, key``: one name with the d ring's word, then the k ring's."""
+    d_words, k_words = first.lower().split("_"), second.lower().split("_")
+    if len(d_words) != len(k_words):
+        return False
+    differing = [i for i, (d, k) in enumerate(zip(d_words, k_words, strict=True)) if d != k]
+    if len(differing) != 1:
+        return False
+    whole = len(d_words) == 1
+    return d_words[differing[0]] in (_WHOLE_D if whole else _D_WORDS) and k_words[differing[0]] in (
+        _WHOLE_K if whole else _K_WORDS
+    )
 
 
 def _third_of_family(first: str, second: str, third: str, *, one_letter: bool = False) -> bool:

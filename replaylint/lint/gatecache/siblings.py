@@ -10,7 +10,8 @@ its first or last word (``alpha``) may be the gate ring's *stem*: another name o
 (``alpha_rows``) is a gate cache when the same name with the word replaced by the d ring's
 (``d``, ``delta``) and by the k ring's (``k``, ``key``) both appear in the file too. Words that
 name a tensor's metadata (``_shape``, ``_dtype``, ``_idx`` ...) form no ring names, and names too
-generic to mean the gate ring are never derived. The derivation is per file: the evidence is the
+generic to mean the gate ring are never derived, nor names of one step's entry (``g_row``,
+``g_step``), which the code writes into a ring. The derivation is per file: the evidence is the
 file's own identifiers.
 """
 
@@ -30,6 +31,9 @@ _GENERIC = frozenset(
     {"g", "gate", "gates", "x", "a", "b", "t", "out", "value", "data", "tmp"}
     | {"buf", "bufs", "buffer", "cache", "ring", "state", "tensor", "log", "logs"}
 )
+# words of a name for one step's entry, which the code writes into a ring (`g_row` beside `d_row`
+# and `k_row`): such a value is not a ring, and a copy into the ring casts it
+_ONE_STEP = frozenset({"row", "step"})
 # the words that name the d and the k ring, the one-letter word first
 D_WORDS = ("d", "delta", "deltas")
 K_WORDS = ("k", "key", "keys")
@@ -68,7 +72,7 @@ def sibling_names(names: GateCacheNames, text: str, filename: str) -> dict[str, 
         if name in derived or names.matches(name) or name.lower() in _GENERIC or len(name) <= 2:
             continue
         words = name.split("_")
-        if any(word.lower() in _METADATA for word in words):
+        if any(word.lower() in _METADATA or word.lower() in _ONE_STEP for word in words):
             continue
         for position, word in enumerate(words):
             gate = stems.get(word)

@@ -39,6 +39,9 @@ ContentReader = Callable[[str], "tuple[bytes, str] | None"]
 """Reads the bytes of the file at a path and their digest (None when it cannot be read)."""
 
 
+_METHOD_CALL = re.compile(rb"\.\s*([A-Za-z_]\w*)\s*\(")
+
+
 @dataclass(frozen=True)
 class Origin:
     """Where a definition is: ``pkg/policy.py:4`` names ``WIRE_DTYPE``."""
@@ -230,6 +233,16 @@ class ProjectIndex:
             self._used[os.path.abspath(path)] = read[1]
             found = found or pattern.search(read[0]) is not None
         return found
+
+    def methods_called_in(self, module: str) -> frozenset[str] | None:
+        """The names ``module``'s text calls as methods (``x.attach_caches(``); None when its
+        text cannot be read."""
+        path = self.modules.get(module)
+        read = self._text(path) if path is not None else None
+        if path is None or read is None:
+            return None
+        self._used[os.path.abspath(path)] = read[1]
+        return frozenset(m.decode() for m in _METHOD_CALL.findall(read[0]))
 
     def imported_modules(self, module: str) -> list[str]:
         """The project modules ``module`` imports from (``from pkg import utils``: ``pkg`` and

@@ -219,6 +219,14 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
                 and _module_table(node.func.value)
             ):
                 restores = True  # `self._buffers.update(kept)`: puts back what it saved
+            elif (
+                isinstance(node, ast.Call)
+                and _is_name(node.func, "setattr")
+                and len(node.args) == 3
+                and _is_name(node.args[0], "self")
+                and written_name(node.args[1]) is None
+            ):
+                restores = True  # `setattr(self, name, kept)` of each name saved before the cast
             elif isinstance(node, ast.Call) and dotted(node.func).endswith("register_buffer"):
                 name = written_name(node.args[0]) if node.args else None
                 attributes += [name] if name is not None else []
@@ -303,10 +311,16 @@ def _alias_flags(nodes: list[ast.AST]) -> dict[str, list[Any]]:
 
 def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
     """Locals of the class's methods bound to a class name or a choice of them (``cache_cls =
-    StaticCache if static else Cache``, ``cache_cls = cache_cls or Cache``): what a call of the
-    local may build."""
+    StaticCache if static else Cache``, ``cache_cls = cache_cls or Cache``), and parameters
+    whose default is one (``cache_cls=Cache``): what a call of the local may build."""
     aliases: dict[str, list[ast.expr]] = {}
     for node in nodes:
+        if isinstance(node, ast.FunctionDef):
+            for parameter, default in _defaults(node.args):
+                # `cache_cls: Type[Cache] = Cache`: what a call that passes none builds
+                if isinstance(default, (ast.Name, ast.Attribute)):
+                    aliases.setdefault(parameter.arg, []).append(default)
+            continue
         if not (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
@@ -327,6 +341,18 @@ def _class_aliases(nodes: list[ast.AST]) -> dict[str, list[ast.expr]]:
         if choices and all(isinstance(c, (ast.Name, ast.Attribute)) for c in choices):
             aliases.setdefault(node.targets[0].id, []).extend(choices)
     return aliases
+
+
+def _defaults(args: ast.arguments) -> list[tuple[ast.arg, ast.expr]]:
+    """Each parameter with a default, and the default."""
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(
+        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+    )
+    pairs += [
+        (a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None
+    ]
+    return pairs
 
 
 def _parts_of_self(nodes: list[ast.AST]) -> frozenset[str]:

@@ -30,6 +30,17 @@ ValueOf = Callable[[ast.expr], Any]
 """The summary value of an expression of the function (a module constant's name)."""
 
 
+def test_condition(test: ast.expr, params: set[str], value_of: ValueOf) -> Condition | None:
+    """The condition ``test`` puts on ``params`` (``ring in FP32_RINGS`` of a conditional
+    expression), or None when it is of another form."""
+    return _Walker(params, value_of, {}).condition(test)
+
+
+def negated(condition: Condition) -> Condition:
+    """The condition that holds when ``condition`` does not."""
+    return _negated(condition)
+
+
 def return_guards(
     body: Sequence[ast.stmt], params: set[str], stored: set[str], value_of: ValueOf
 ) -> dict[int, list[Condition]]:

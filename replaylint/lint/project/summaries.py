@@ -15,8 +15,9 @@ other keys (enum members, names), of which only the values are kept; ``["tuple",
 ``["call", f, [v, ...], [[keyword, v], ...]]``; ``["lambda", params, v]``; ``["param", n]``;
 ``["either", [v, ...], dtype_test]`` one of several values (a conditional expression, or the
 ``return`` statements of a function; ``dtype_test``: its test compares a tensor's dtype), with,
-for a function whose returns test its string parameters, a fourth element: per value, the
-guards of the returns that give it (:mod:`.return_guards`);
+for a function whose returns test its parameters (or a conditional expression whose test is
+on a parameter, ``torch.float32 if ring in FP32_RINGS else dtype``), a fourth element: per value,
+the guards of the returns that give it (:mod:`.return_guards`);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["per_key", mapping, v]`` a dict
 comprehension with one value per key of ``mapping`` (``{name: torch.zeros(shape, dtype=dtype) for
 name, shape in shapes.items()}``), where ``v`` reads the key as ``["loop", "key"]`` and the entry
@@ -47,7 +48,7 @@ from replaylint.lint.project.module_facts import (
 from replaylint.lint.project.namespace_writes import imports_module, is_instance, may_be_module
 from replaylint.lint.project.raw_reads import raw_reads
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
-from replaylint.lint.project.return_guards import return_guards
+from replaylint.lint.project.return_guards import negated, return_guards, test_condition
 from replaylint.lint.project.widening import widened_parameters
 from replaylint.lint.project.zipped_mappings import zipped_values
 
@@ -527,9 +528,14 @@ class _Values:
                 [self.value(a) for a in node.args],
                 [[k.arg, self.value(k.value)] for k in node.keywords if k.arg is not None],
             ]
-        if isinstance(node, ast.IfExp):  # either branch: the test is not evaluated
+        if isinstance(node, ast.IfExp):  # either branch: a test on a parameter is kept
             branches = [self.value(node.body), self.value(node.orelse)]
-            return ["either", branches, _compares_dtype(node.test)]
+            tested = {name for name, value in self.locals.items() if value == ["param", name]}
+            condition = test_condition(node.test, tested, self.value)
+            if condition is None:
+                return ["either", branches, _compares_dtype(node.test)]
+            guards = [[[condition]], [[negated(condition)]]]
+            return ["either", branches, _compares_dtype(node.test), guards]
         if isinstance(node, ast.DictComp):
             return self._per_key(node)
         if isinstance(node, ast.Lambda):

@@ -279,3 +279,13 @@ def _is_data_of(expr: cst.BaseExpression, name: str) -> bool:
     return (
         isinstance(expr, cst.Attribute) and expr.attr.value == "data" and _is_name(expr.value, name)
     )
+
+
+def casts_a_module(loop: cst.CSTNode) -> bool:
+    """``for name, buf in model.named_buffers(): setattr(model, name, buf.half())`` and its
+    comprehensions: a module cast, reported as one."""
+    if isinstance(loop, cst.For):
+        return buffer_loop_cast(loop) is not None
+    if isinstance(loop, (cst.DictComp, cst.ListComp, cst.GeneratorExp)):
+        return buffer_comprehension_cast(loop) is not None
+    return False

@@ -170,3 +170,25 @@ def telling_variable(
         if gate_values.isdisjoint(other_values):
             return variable
     return None
+
+
+def got_by_name(
+    provenance: Provenance, holder: cst.BaseExpression, loops: Sequence[cst.CSTNode], site: Site
+) -> cst.BaseExpression | None:
+    """``name`` when ``holder`` is a local bound only to ``getattr(obj, name)`` inside one of
+    ``loops`` (``rings = getattr(self, name)`` in a loop over ring names)."""
+    if not isinstance(holder, cst.Name) or not loops:
+        return None
+    found = provenance.lookup(holder.value, site)
+    if found is None or len(found) != 1:
+        return None
+    value = found[0][0].value
+    if not (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value == "getattr"
+        and len(value.args) == 2
+        and any(provenance.within(value, loop) for loop in loops)
+    ):
+        return None
+    return value.args[1].value

@@ -107,7 +107,12 @@ the gate buffer is registered in another dtype already (reported where it is reg
         """\
 Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.double()` become
 `.float()`, a dtype argument (`.to(torch.bfloat16)`, `.to(device, dtype=model_dtype)`,
-`.type(torch.half)`) becomes `torch.float32`, `.type("torch.cuda.HalfTensor")` becomes
+`.type(torch.half)`) becomes `torch.float32`. A cast to a dtype that is surely not float32 gave
+a new tensor, so one of a tensor that something else may hold (a name, an attribute, an item)
+stays a copy: `g.half()` and `g.to(torch.bfloat16)` become `g.to(torch.float32, copy=True)` (a
+float32 source would otherwise be handed back as it is, and a write to the result would reach
+the original). A cast to a variable dtype (`g.to(model_dtype)`) may have handed a float32 ring
+back as it is, so its fix passes no `copy`; `.type("torch.cuda.HalfTensor")` becomes
 `.type("torch.cuda.FloatTensor")`, and `.to(other)` becomes `.to(other.device, torch.float32)` (the
 same device move, float32 dtype). The fix is **safe**: the cast's result is the gate cache, and
 only its dtype changes, to the one the kernel requires; the device, `non_blocking`, `copy` and the
@@ -222,7 +227,7 @@ every buffer keeps its cast for the others and makes the gate buffers float32
             """,
             expected_fix="""
             import torch as th
-            replayssm_g = replayssm_g.to("cuda", th.float32, non_blocking=True)
+            replayssm_g = replayssm_g.to("cuda", th.float32, non_blocking=True, copy=True)
             """,
             message_contains="torch.bfloat16",
         ),
@@ -276,7 +281,7 @@ every buffer keeps its cast for the others and makes the gate buffers float32
             class Pool:
                 @property
                 def g_cache(self):
-                    return self._g_ring.to(torch.float32)
+                    return self._g_ring.to(torch.float32, copy=True)
             """,
         ),
         Invalid(
@@ -313,7 +318,7 @@ every buffer keeps its cast for the others and makes the gate buffers float32
             def to_half(cache):
                 # the caller gets the gate cache back in float16
                 state, d_cache, k_cache, g_cache = cache
-                return state, d_cache.half(), k_cache.half(), g_cache.float()
+                return state, d_cache.half(), k_cache.half(), g_cache.to(torch.float32, copy=True)
             """,
             message_contains="`.half()`",
         ),

@@ -12,20 +12,19 @@ from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
 from replaylint.lint.dataflow.strings import (
-    Bound,
     Iteration,
     naming_variable,
     numbered_iteration,
+    trailing_iterations,
 )
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.fixes.positional import positional_fix
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
-from replaylint.lint.gatecache.lists import list_names
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Rule, Valid
-from replaylint.lint.rules.buffer_loops import buffer_comprehension_cast, buffer_loop_cast
+from replaylint.lint.rules.buffer_loops import casts_a_module
 from replaylint.lint.rules.declared_settings import declared_setting, keyword_only_setting
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
 from replaylint.lint.rules.fromkeys_tables import (
@@ -35,9 +34,11 @@ from replaylint.lint.rules.fromkeys_tables import (
     shared_by_a_table,
 )
 from replaylint.lint.rules.keyed_helpers import keyed_helper_finding
+from replaylint.lint.rules.loop_names import LoopNames
 from replaylint.lint.rules.loop_treatment import (
     before_loop_fix,
     gate_name_test,
+    got_by_name,
     loop_treatment,
     shared_treatment,
     telling_variable,
@@ -76,6 +77,8 @@ class _Loop:
     ifs: Sequence[cst.CompIf] = ()
     _iterations: list[Iteration] | None = None
     _computed: bool = False
+    partial: bool = False
+    """Only some iterations are known (the others' caches are not)."""
 
 
 class SharedCacheDtype(Rule):
@@ -94,7 +97,9 @@ model is not float32, and no single line looks wrong.
 
 The rule evaluates the loop body or comprehension once per iteration whose name is a gate cache
 (`setattr(self, name, ...)`, `self.register_buffer(name, ...)`, `caches[name] = ...`,
-`{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included), deciding
+`{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included, and the
+per-layer list `rings = getattr(self, name)` that the loop appends to or whose entries it
+replaces, `rings[i] = grown`), deciding
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
 clean; a ring the loop loads (`setattr(cache, name, snapshot[name])`) keeps its saved dtype. For a helper defined in the same module (a function or a method called on `self`), it
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
@@ -235,7 +240,7 @@ they were (safe).
         self._loops: list[_Loop] = []
         self._reported: set[int] = set()
         self._helpers: SharedHelpers | None = None
-        self._lists: frozenset[str] | None = None
+        self._names = LoopNames(context)
 
     # ------------------------------------------------------------------ loops over names
     def visit_For(self, node: cst.For) -> None:
@@ -264,6 +269,14 @@ they were (safe).
             if name := getattr_name(node):
                 self._keyed(name, positional[0].value, self._loops)  # one list per ring name
             elif isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
+                if (
+                    named := got_by_name(
+                        self.provenance, node.func.value, self._loop_nodes(), self.site()
+                    )
+                ) is not None:
+                    # `rings = getattr(self, name)` ... `rings.append(...)`
+                    self._keyed(named, positional[0].value, self._loops)
+                    return
                 # `for rings in (self.d_cache, self.g_cache): rings.append(...)`
                 self._keyed(
                     node.func.value, positional[0].value, self._loops, node.func.value, True
@@ -280,7 +293,13 @@ they were (safe).
                 and len(subject.slice) == 1
                 and isinstance(subject.slice[0].slice, cst.Index)
             ):
-                self._keyed(subject.slice[0].slice.value, node.value, self._loops, subject.value)
+                held = got_by_name(self.provenance, subject.value, self._loop_nodes(), self.site())
+                if held is not None:  # `rings = getattr(self, name)`; `rings[i] = ring`
+                    self._keyed(held, node.value, self._loops, lists_only=True)
+                else:
+                    self._keyed(
+                        subject.slice[0].slice.value, node.value, self._loops, subject.value
+                    )
             if isinstance(subject, (cst.Tuple, cst.List)):
                 self._unpacked(subject, node.value)
             elif found := read_key_finding(self, subject, node.value):
@@ -323,6 +342,12 @@ they were (safe).
         if not loop._computed:
             loop._computed = True
             loop._iterations = self.provenance.iterations(loop.target, loop.iterable, loop.site)
+            if loop._iterations is None and isinstance(loop.node, cst.DictComp):
+                # `(*rings.items(), ("gate", g))`: the literal entries written last
+                loop._iterations = trailing_iterations(
+                    self.provenance, loop.target, loop.iterable, loop.site
+                )
+                loop.partial = loop._iterations is not None
         return loop._iterations
 
     def _keyed(
@@ -334,15 +359,17 @@ they were (safe).
         appended: bool = False,
         *,
         by: bool = False,
+        lists_only: bool = False,
     ) -> None:
         """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
-        the local ``mapping``, when it is one)."""
+        the local ``mapping``, when it is one); ``lists_only``: only where the name's caches
+        are lists (an element written into a tensor is a copy, which casts)."""
         value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
         if not isinstance(value, (cst.Call, cst.IfExp, cst.Name, cst.Subscript)):  # no dataflow yet
             return
         for loop in reversed(loops):
             site = self.site()
-            if _casts_a_module(loop.node):
+            if casts_a_module(loop.node):
                 return  # RL004's: the loop casts every buffer of a module
             iterations = self._iterations(loop)
             unlisted = iterations is None and isinstance(mapping, cst.BaseExpression)
@@ -353,13 +380,18 @@ they were (safe).
                 )
             if not iterations:
                 continue
+            unlisted = unlisted or loop.partial
             gate_envs = []
             for env in iterations:
                 if any(self.provenance.condition(i.test, site, env) is False for i in loop.ifs):
                     continue
                 name = self.provenance.string_value(key, site, env)
+                if name is not None and not self.context.gate_caches.matches(name):
+                    name = self._names.read_as_gate(mapping, name, site) or name  # `rings["gate"]`
                 if name is None or not self.context.gate_caches.matches(name):
-                    name = self._held_gate(mapping, env, appended)
+                    name = self._names.held_gate(mapping, env, appended)
+                if lists_only and name is not None and name not in self._names.lists():
+                    continue
                 if name is not None and self.context.gate_caches.matches(name):
                     gate_envs.append((name, env))
             if not gate_envs:
@@ -415,26 +447,8 @@ they were (safe).
         made = LoopCall(loop.word, iterable, env, condition)
         self._check_helper(call, subject, self.site(), None, made)
 
-    def _held_gate(
-        self, holder: cst.BaseExpression | str | None, env: Iteration, appended: bool
-    ) -> str | None:
-        """The gate-cache name of the list of rings the loop variable ``holder`` holds in
-        ``env`` (``rings`` in ``for kind, rings in zip(KINDS, (self.d_cache, self.g_cache))``);
-        an element written into a tensor is a copy, which casts."""
-        if not isinstance(holder, cst.Name):
-            return None
-        held = env.get(holder.value)
-        if not isinstance(held, Bound):
-            return None
-        name = binding_name(held.expr)
-        if name is None or not self.context.gate_caches.matches(name):
-            return None
-        if not appended:
-            if self._lists is None:
-                self._lists = list_names(self.context.module, self.context.gate_caches)
-            if name not in self._lists:
-                return None
-        return name
+    def _loop_nodes(self) -> list[cst.CSTNode]:
+        return [loop.node for loop in self._loops]
 
     def _report_loop(
         self,
@@ -567,13 +581,3 @@ they were (safe).
         if found is not None and id(found.node) not in self._reported:
             self._reported.add(id(found.node))
             self.report(found.node, found.message, fix=found.fix)
-
-
-def _casts_a_module(loop: cst.CSTNode) -> bool:
-    """``for name, buf in model.named_buffers(): setattr(model, name, buf.half())`` and its
-    comprehensions: a module cast, reported as one."""
-    if isinstance(loop, cst.For):
-        return buffer_loop_cast(loop) is not None
-    if isinstance(loop, (cst.DictComp, cst.ListComp, cst.GeneratorExp)):
-        return buffer_comprehension_cast(loop) is not None
-    return False

@@ -275,7 +275,7 @@ a cast of the load — that the message names.
                 g: torch.Tensor
 
             def step(inputs, d, k, g, out):
-                rings = Rings(d, k, g.to(torch.float32))
+                rings = Rings(d, k, g.to(torch.float32, copy=True))
                 return replayssm_decode(*inputs, rings.d, rings.k, g_cache=rings.g, out=out)
             """,
             message_contains="line 11",

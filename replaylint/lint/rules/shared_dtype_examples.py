@@ -11,6 +11,92 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
         """
         import torch
 
+        class Rings:
+            def resize(self, slots):
+                # short keys: the gate ring's entry is the one read into it
+                grown = {
+                    name: torch.zeros(slots, *ring.shape[1:], dtype=self.dtype)
+                    for name, ring in (("d", self.d_cache), ("k", self.k_cache), ("gate", self.g_cache))
+                }
+                self.d_cache, self.k_cache = grown["d"], grown["k"]
+                self.g_cache = grown.pop("gate")
+        """,
+        expected_fix="""
+        import torch
+
+        class Rings:
+            def resize(self, slots):
+                # short keys: the gate ring's entry is the one read into it
+                grown = {
+                    name: torch.zeros(slots, *ring.shape[1:], dtype=torch.float32 if name == "gate" else self.dtype)
+                    for name, ring in (("d", self.d_cache), ("k", self.k_cache), ("gate", self.g_cache))
+                }
+                self.d_cache, self.k_cache = grown["d"], grown["k"]
+                self.g_cache = grown.pop("gate")
+        """,
+        message_contains="gate cache `g_cache` is allocated by a comprehension",
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class RingSpec(NamedTuple):
+            name: str
+            shape: tuple
+            dtype: torch.dtype = torch.bfloat16
+
+        def new_rings(shape, dtype):
+            # the gate ring's spec leaves its dtype to the record's default
+            specs = (RingSpec("d_cache", shape, dtype), RingSpec("g_cache", shape))
+            return {spec.name: torch.zeros(spec.shape, dtype=spec.dtype) for spec in specs}
+        """,
+        message_contains="by a comprehension over `specs`",
+    ),
+    Invalid(
+        """
+        import torch
+
+        class Rings:
+            def __init__(self, layers, shape, dtype):
+                self.dtype = dtype
+                self.d_cache = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+                self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+                self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+            def grow(self, slots):
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    rings = getattr(self, name)  # one list per ring name, an entry per layer
+                    for i, ring in enumerate(rings):
+                        grown = torch.zeros((slots, *ring.shape[1:]), dtype=self.dtype)
+                        grown[: ring.shape[0]] = ring
+                        rings[i] = grown
+        """,
+        expected_fix="""
+        import torch
+
+        class Rings:
+            def __init__(self, layers, shape, dtype):
+                self.dtype = dtype
+                self.d_cache = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+                self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+                self.g_cache = [torch.zeros(shape, dtype=torch.float32) for _ in range(layers)]
+
+            def grow(self, slots):
+                for name in ("d_cache", "k_cache", "g_cache"):
+                    rings = getattr(self, name)  # one list per ring name, an entry per layer
+                    for i, ring in enumerate(rings):
+                        grown = torch.zeros((slots, *ring.shape[1:]), dtype=torch.float32 if name == "g_cache" else self.dtype)
+                        grown[: ring.shape[0]] = ring
+                        rings[i] = grown
+        """,
+        message_contains='by a loop over `("d_cache", "k_cache", "g_cache")`',
+    ),
+    Invalid(
+        """
+        import torch
+
         def swap_in(cache, path):
             snapshot = torch.load(path)
             for name in ("d_cache", "k_cache", "g_cache"):
@@ -182,7 +268,7 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
 
         def half_(pool):
             for name in ("d_cache", "k_cache", "g_cache"):
-                setattr(pool, name, (getattr(pool, name).float() if name == "g_cache" else getattr(pool, name).half()))
+                setattr(pool, name, (getattr(pool, name).to(torch.float32, copy=True) if name == "g_cache" else getattr(pool, name).half()))
         """,
     ),
     Invalid(
@@ -366,6 +452,38 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
 )
 
 SHARED_DTYPE_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class RingSpec(NamedTuple):
+            name: str
+            shape: tuple
+            dtype: torch.dtype = torch.bfloat16
+
+        def new_rings(shape, dtype):
+            specs = (RingSpec("d_cache", shape, dtype), RingSpec("g_cache", shape, torch.float32))
+            return {spec.name: torch.zeros(spec.shape, dtype=spec.dtype) for spec in specs}
+        """
+    ),
+    Valid(
+        """
+        import torch
+
+        class Rings:
+            def __init__(self, shape, dtype):
+                self.dtype = dtype
+                self.d_cache = torch.zeros(shape, dtype=dtype)
+                self.g_cache = torch.zeros(shape, dtype=torch.float32)
+
+            def clear_slot(self, slot):
+                for name in ("d_cache", "g_cache"):
+                    ring = getattr(self, name)  # a tensor: item assignment copies into it
+                    ring[slot] = torch.zeros(ring.shape[1:], dtype=self.dtype)
+        """
+    ),
     Valid(
         """
         import torch

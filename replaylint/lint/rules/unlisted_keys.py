@@ -28,7 +28,7 @@ from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.records import positional_fields
 from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.rules.base import Invalid, Valid
-from replaylint.lint.syntax.nodes import dotted_name, string_key
+from replaylint.lint.syntax.nodes import binding_name, dotted_name, string_key
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import ancestors, descendants
 
@@ -36,6 +36,7 @@ __all__ = [
     "UNLISTED_INVALID",
     "UNLISTED_VALID",
     "gate_attributes_read",
+    "gate_bound_keys",
     "gate_keys_read",
     "unlisted_iterations",
 ]
@@ -158,6 +159,9 @@ class _KeyUses:
     read: dict[str, set[str]] = field(default_factory=dict)
     assigned: dict[str, set[str]] = field(default_factory=dict)
     spreads: dict[str, list[cst.Call]] = field(default_factory=dict)
+    bound: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per mapping, the keys read into a gate cache (``self.g_cache = rings["gate"]``) and
+    that gate cache's name."""
 
 
 def _key_uses(context: FileContext, scope: cst.CSTNode) -> _KeyUses:
@@ -174,6 +178,12 @@ def _key_uses(context: FileContext, scope: cst.CSTNode) -> _KeyUses:
         elif isinstance(node, cst.If) and _membership(node.test) is not None:
             guarded.update(id(n) for n in descendants(node.body))
     for node in nodes:
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            gate = binding_name(node.targets[0].target)
+            read_key = _read_key(node.value)
+            if gate is not None and gate_caches.matches(gate) and read_key is not None:
+                spelled = module.code_for_node(read_key[0])
+                uses.bound.setdefault(spelled, {}).setdefault(read_key[1], gate)
         if isinstance(node, cst.Subscript):
             found = string_key(node)
             if found is None or not gate_caches.matches(found):
@@ -204,6 +214,33 @@ def _key_uses(context: FileContext, scope: cst.CSTNode) -> _KeyUses:
                     spelled = module.code_for_node(arg.value)
                     uses.spreads.setdefault(spelled, []).append(node)
     return uses
+
+
+def _read_key(value: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
+    """``(rings, "gate")`` of ``rings["gate"]``, ``rings.pop("gate")`` or ``rings.get("gate")``."""
+    if isinstance(value, cst.Subscript):
+        key = string_key(value)
+        return None if key is None else (value.value, key)
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value in _KEYED_READS
+        and value.args
+        and isinstance(value.args[0].value, cst.SimpleString)
+    ):
+        read = value.args[0].value.evaluated_value
+        return (value.func.value, read) if isinstance(read, str) else None
+    return None
+
+
+def gate_bound_keys(context: FileContext, mapping: str, site: Site) -> dict[str, str]:
+    """The keys of the local dict ``mapping`` that the function reads into a gate cache
+    (``self.g_cache = rings["gate"]``: ``{"gate": "g_cache"}``), whatever they are called."""
+    key = ("gate-keys", id(site.scope))
+    uses = context.memo.get(key)
+    if not isinstance(uses, _KeyUses):
+        uses = context.memo[key] = _key_uses(context, site.scope)
+    return uses.bound.get(mapping, {})
 
 
 def _membership(test: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:

@@ -33,10 +33,12 @@ _RETURNED_TABLE = re.compile(rb"^[ \t]+return[ \t]*(?=[(\[{])", re.MULTILINE)
 _DEFINITION = re.compile(rb"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _CLASS = re.compile(rb"^[ \t]*class[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 # a record's field for the gate ring's dtype, as the pre-filter recognises it
-_GATE_DTYPE_FIELD = re.compile(
-    rb"^[ \t]+(?:" + b"|".join(w.encode() for w in sorted(GATE_FIELD_WORDS)) + rb")"
-    rb"[ \t]*:[ \t]*(?:Optional\[[ \t]*)?(?:torch\.)?dtype\b",
-    re.MULTILINE | re.IGNORECASE,
+# (searched from the annotation, which starts with a literal `:`, and then the line's start is
+# checked: many times faster than a pattern anchored at every line's start)
+_DTYPE_ANNOTATION = re.compile(rb":[ \t]*(?:Optional\[[ \t]*)?(?:torch\.)?dtype\b", re.IGNORECASE)
+_GATE_FIELD_NAME = re.compile(
+    rb"[ \t]+(?:" + b"|".join(w.encode() for w in sorted(GATE_FIELD_WORDS)) + rb")[ \t]*",
+    re.IGNORECASE,
 )
 _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
 _BRACKET = re.compile(rb"[()\[\]{}]")
@@ -147,7 +149,11 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
 
 def _dtype_records(raw: bytes) -> set[str]:
     """The classes of ``raw`` whose body declares a gate-dtype field (``g: torch.dtype``)."""
-    fields = [m.start() for m in _GATE_DTYPE_FIELD.finditer(raw)]
+    fields = []
+    for annotation in _DTYPE_ANNOTATION.finditer(raw):
+        line = raw.rfind(b"\n", 0, annotation.start()) + 1
+        if _GATE_FIELD_NAME.fullmatch(raw, line, annotation.start()):
+            fields.append(line)
     if not fields:
         return set()
     classes = list(_CLASS.finditer(raw))

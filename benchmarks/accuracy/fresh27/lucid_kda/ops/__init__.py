@@ -1,0 +1,1 @@
+from .replay import fused_recurrent_kda_replayssm_decode, DECODE_CALLS

@@ -1,0 +1,1 @@
+from .qmodule import QLinear, QModuleMixin

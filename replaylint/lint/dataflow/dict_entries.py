@@ -1,0 +1,89 @@
+"""The entry a string key reads from a dict literal the scope builds once and never writes
+again: ``rings = {"d": torch.zeros(shape, dtype=dtype), "gate": torch.zeros(shape, dtype=dtype)}``
+then ``self.g_cache = rings["gate"]`` (or ``rings.pop("gate")``, ``rings.get("gate")``).
+
+Keys like ``"gate"`` name no gate cache, so the rules that follow cache names never look at such
+a dict; the tensor the key reads is the literal's value for it, whose fix is its own. (A dict
+comprehension's entry is RL006's: its value is shared by the other keys.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow import strings
+from replaylint.lint.dataflow.facts import TensorFact
+from replaylint.lint.dataflow.strings import Env
+from replaylint.lint.syntax.nodes import method_name
+from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+__all__ = ["entry_facts"]
+
+_WRITING = frozenset({"update", "setdefault", "__setitem__", "clear", "popitem"})
+
+
+def entry_facts(
+    prov: Provenance, mapping: cst.BaseExpression, key: str, site: Site, env: Env
+) -> tuple[TensorFact, ...] | None:
+    """The facts of ``mapping[key]``; None when ``mapping`` is not such a dict or the entry is
+    not known."""
+    if not isinstance(mapping, cst.Name):
+        return None
+    found = prov.lookup(mapping.value, site, env)
+    if not found or len(found) != 1:
+        return None
+    binding, built_at = found[0]
+    value = binding.value
+    if binding.kind != "assign" or not isinstance(value, cst.Dict):
+        return None
+    if _written(mapping.value, site.scope, binding.node):
+        return None
+    return _literal_entry(prov, value, key, built_at, env)
+
+
+def _literal_entry(
+    prov: Provenance, value: cst.Dict, key: str, site: Site, env: Env
+) -> tuple[TensorFact, ...] | None:
+    entry: cst.BaseExpression | None = None
+    for element in value.elements:
+        if not isinstance(element, cst.DictElement):
+            return None  # `**spread`: its keys are not known
+        written = strings.string_value(prov, element.key, site, env)
+        if written is None:
+            return None
+        if written == key:
+            entry = element.value  # a later duplicate wins
+    return None if entry is None else prov.tensor_facts(entry, site, env)
+
+
+def _written(name: str, scope: cst.CSTNode, bound: cst.CSTNode) -> bool:
+    """Whether ``scope`` writes an entry of the dict ``name`` (item assignment, ``update``, a
+    deletion) or binds it again."""
+    for node in descendants(scope):
+        if isinstance(node, cst.Call) and method_name(node) in _WRITING:
+            func = node.func
+            if isinstance(func, cst.Attribute) and _is(func.value, name):
+                return True
+        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)):
+            target = node.target
+            if isinstance(target, cst.Subscript) and _is(target.value, name):
+                return True
+            if _is(target, name) and target is not bound:
+                return True
+        elif (
+            isinstance(node, cst.Del)
+            and isinstance(node.target, cst.Subscript)
+            and _is(node.target.value, name)
+        ):
+            return True
+    return False
+
+
+def _is(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
