@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from project_support import lint_in_project
 
 from replaylint.lint.engine import Linter
@@ -159,3 +160,71 @@ def test_a_checkpoint_passed_by_keyword_beside_a_spread_is_followed() -> None:
     # `**options` cannot pass `reference` again: the keyword is what the call passes
     findings = Linter().check(_PASSED_ON, "example.py")
     assert [(f.location.row, f.code) for f in findings] == [(10, "RL005")]
+
+
+_CACHES_MODEL = """
+import torch
+from torch import nn
+
+
+class RingCache(nn.Module):
+    def __init__(self, shape, dtype):
+        super().__init__()
+        self.register_buffer("d_cache", torch.zeros(shape, dtype=dtype))
+        self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        kept = self.g_cache
+        super()._apply(fn, recurse)
+        self.g_cache = kept.to(self.d_cache.device)
+        return self
+
+
+class StaticRingCache(RingCache):
+    pass
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.Linear(4, 4)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(2))
+
+    def setup_caches(self, shape, dtype, static=False):
+        cache_cls = StaticRingCache if static else RingCache
+        for b in self.layers:
+            b.attention.cache = cache_cls(shape, dtype)
+"""
+
+
+@pytest.mark.parametrize(
+    ("assign", "guarded", "reported"),
+    [("True", False, True), ("False", False, False), ("True", True, False)],
+)
+def test_an_assigning_load_into_a_part_another_module_installs_is_reported(
+    tmp_path: Path, assign: str, guarded: bool, reported: bool
+) -> None:
+    restore = (
+        "import torch\n\nfrom .model import Model\n\n\n"
+        "def restore(model: Model, path):\n"
+        '    """Each layer\'s d_cache and g_cache, as saved."""\n'
+        "    snapshot = torch.load(path, mmap=True)\n"
+        "    for i, b in enumerate(model.layers):\n"
+        f'        b.attention.cache.load_state_dict(snapshot[f"layers.{{i}}"], assign={assign})\n'
+    )
+    model = _CACHES_MODEL
+    if guarded:  # the guard keeps a loaded gate entry float32 as well
+        model = "import replaylint.guards\n" + model.replace(
+            "class RingCache(nn.Module):",
+            "@replaylint.guards.keep_fp32_gate_caches\nclass RingCache(nn.Module):",
+        )
+    files = {"pkg/__init__.py": "", "pkg/model.py": model, "pkg/restore.py": restore}
+    found = [(f.code, f.message) for f in lint_in_project(tmp_path, files, "pkg/restore.py")]
+    assert [code for code, _ in found] == (["RL005"] if reported else [])
+    if reported:  # its cast override is no help: the loaded tensor replaces the buffer
+        assert "gate cache `g_cache` (registered at" in found[0][1]

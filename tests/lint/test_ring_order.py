@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from project_support import lint_in_project
+from project_support import cli_rows, lint_in_project, write_tree
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.engine import Linter
@@ -338,3 +338,43 @@ def test_data_made_for_a_file_is_not_a_ring() -> None:
     )
     rows = [(f.location.row, f.code) for f in Linter().check(source, "m.py")]
     assert rows == [(8, "RL004"), (11, "RL001")]
+
+
+_KERNEL_CALLER = """
+import torch
+
+
+def fused_recurrent_kda_replayssm_decode(**kwargs):
+    return kwargs
+
+
+def step(pool, i):
+    return fused_recurrent_kda_replayssm_decode(d_cache=pool.d_ring[i], g_cache=pool.w_log_ring[i])
+"""
+
+_TUNING = """
+import torch
+
+
+def load_state(sd, a):
+    state = []
+    for i in range(a.layers):
+        time_state, pos = sd[f"{i}.time_state"], sd[f"{i}.pos"]
+        d_ring, k_ring = sd[f"{i}.d_ring"], sd[f"{i}.k_ring"]
+        w_log = d_ring.new_zeros(sd[f"{i}.w_log_ring"].shape)
+        state += [time_state, d_ring, k_ring, w_log, pos]
+    return state
+"""
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_file_that_names_a_learned_ring_teaches_the_rows_it_writes(
+    tmp_path: Path, cached: bool
+) -> None:
+    files = {"pkg/__init__.py": "", "pkg/kernels.py": _KERNEL_CALLER, "pkg/tuning.py": _TUNING}
+    write_tree(tmp_path, files)
+    options = () if cached else ("--no-cache",)
+    rows = cli_rows(tmp_path, *options)
+    if cached:
+        assert cli_rows(tmp_path) == rows  # the stage remembered in the cache: the same again
+    assert ("pkg/tuning.py", 9, "RL003") in rows  # `w_log = d_ring.new_zeros(...)`

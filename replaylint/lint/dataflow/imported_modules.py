@@ -36,6 +36,7 @@ from replaylint.lint.dataflow.new_instances import (
     methods_called_after,
 )
 from replaylint.lint.dataflow.records import unpacked as unpacked_from
+from replaylint.lint.dataflow.run_methods import methods_run_elsewhere
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import as_value
@@ -44,6 +45,7 @@ from replaylint.lint.project.gate_buffers import (
     class_gate_buffer,
     class_value,
     imports_gate_buffer_class,
+    registered_gate_buffer,
 )
 from replaylint.lint.project.index import Found
 from replaylint.lint.project.summaries import Value
@@ -60,6 +62,7 @@ from replaylint.lint.syntax.traversal import descendants
 
 __all__ = [
     "ImportedGateBuffer",
+    "assigned_gate_buffer",
     "imported_class",
     "imported_gate_buffer",
     "imports_gate_buffer_class",
@@ -99,7 +102,7 @@ def imported_gate_buffer(
         known_calls = made and not handed_on(receiver, site)
         called = methods_called(receiver, site) if known_calls else None
         if made and not known_calls:
-            called = _methods_run_elsewhere(prov, receiver, site)
+            called = methods_run_elsewhere(prov, receiver, site, _class)
         fresh = constructed_here(
             prov, receiver, site, lambda func, at: _class(prov, func, at) is not None
         )
@@ -116,64 +119,15 @@ def imported_gate_buffer(
         return None
 
 
-def _methods_run_elsewhere(
+def assigned_gate_buffer(
     prov: Provenance, receiver: cst.BaseExpression, site: Site
-) -> frozenset[str] | None:
-    """The methods that may have run on ``receiver``, made in this scope and handed on before
-    ``site``: those the scope calls on it, ``forward`` when the scope calls it, and every method
-    name that the modules of the project callees it is passed to call (``ExLlamaGenerator(model,
-    cache)`` of a module that never calls ``.attach_caches(``); None when a callee is not of
-    the project."""
-    root = chain_root(receiver)
-    if not isinstance(root, cst.Name) or prov.project is None:
+) -> ImportedGateBuffer | None:
+    """The gate buffer that the class of another project module ``receiver`` is certainly an
+    instance of registers: what ``receiver.load_state_dict(state, assign=True)`` replaces."""
+    found = imported_class(prov, receiver, site)
+    if found is None or prov.project is None:
         return None
-    called = set(methods_called(receiver, site))
-    for node in descendants(site.scope):  # in source order
-        if node is site.statement:
-            break
-        if not isinstance(node, cst.Call):
-            continue
-        if isinstance(node.func, cst.Name) and node.func.value == root.value:
-            called |= {"forward", "__call__"}
-        elif any(isinstance(a.value, cst.Name) and a.value.value == root.value for a in node.args):
-            methods = _methods_callee_calls(prov, node.func, site)
-            if methods is None:
-                return None
-            called |= methods
-    return frozenset(called)
-
-
-def _methods_callee_calls(
-    prov: Provenance, func: cst.BaseExpression, site: Site
-) -> frozenset[str] | None:
-    """The method names the class or function ``func`` denotes may call: those its own
-    statement calls, for one of this module; those its module calls, for one of another
-    project module; None for any other callee."""
-    assert prov.project is not None
-    if isinstance(func, cst.Name):
-        bound = prov.lookup(func.value, site) or []
-        if len(bound) == 1 and bound[0][0].kind == "definition":
-            return frozenset(
-                node.func.attr.value
-                for node in descendants(bound[0][0].statement)
-                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-            )
-    module = _callee_module(prov, func, site)
-    return None if module is None else prov.project.index.methods_called_in(module)
-
-
-def _callee_module(prov: Provenance, func: cst.BaseExpression, site: Site) -> str | None:
-    """The project module that defines the class or function ``func`` denotes."""
-    assert prov.project is not None
-    found = _class(prov, func, site)
-    if found is not None:
-        return found.module
-    value = as_value(prov, func, site, NO_ENV)
-    if value is not None and value[0] == "ref":
-        target = prov.project.resolve(str(value[2]))
-        if isinstance(target, Found) and target.definition[0] == "function":
-            return target.module
-    return None
+    return registered_gate_buffer(prov.project.index, prov.index.gate_caches.matches, found)
 
 
 def _made_in_scope(prov: Provenance, receiver: cst.BaseExpression, site: Site) -> bool:
@@ -416,7 +370,7 @@ def _part(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) ->
         return None
     holder = _instance(prov, expr.value, site, depth + 1)
     if holder is None:
-        return None
+        return _installed_on_elements(prov, expr, site, depth)
     index = prov.project.index
     parts: set[tuple[str, str]] = set()
     found: Found | None = None
@@ -433,7 +387,51 @@ def _part(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int) ->
                 if part is not None:
                     parts.add((part.module, part.name))
                     found = part
+    if not parts:
+        return _installed_on_elements(prov, expr, site, depth)
     return found if len(parts) == 1 else None
+
+
+def _installed_on_elements(
+    prov: Provenance, expr: cst.Attribute, site: Site, depth: int
+) -> Found | None:
+    """``b.attention.cache`` of ``for b in model.layers``, where the class of ``model`` installs
+    the part on each of its layers (``for b in self.layers: b.attention.cache = Cache(...)`` in
+    ``setup_caches``): the class its summary records for that path, or the first of a choice of
+    classes (``StaticCache if static else Cache``) when they are one family."""
+    assert prov.project is not None
+    chain: list[str] = []
+    root: cst.BaseExpression = expr
+    while isinstance(root, cst.Attribute):
+        chain.insert(0, root.attr.value)
+        root = root.value
+    if not isinstance(root, cst.Name) or not chain:
+        return None
+    found = prov.lookup(root.value, site) or []
+    if len(found) != 1 or found[0][0].kind != "loop":
+        return None
+    source = _loop_source(found[0][0].node, found[0][0].statement)
+    if not isinstance(source, cst.Attribute):
+        return None
+    container = _instance(prov, source.value, site, depth + 1)
+    facts = container.definition[3].get("module") if container is not None else None
+    if container is None or not isinstance(facts, dict):
+        return None
+    index = prov.project.index
+    classes: list[Found] = []
+    for attribute, callees, _ in facts.get("installs", ()):
+        if str(attribute).split(".")[1:] != chain:
+            continue
+        for callee in callees:
+            choices = callee[1] if callee[0] == "either" else [callee]
+            classes += [c for c in (class_value(index, container.module, v) for v in choices) if c]
+    if not classes:
+        return None
+    first = classes[0]
+    family = {(first.module, first.name)} | {
+        (b.module, b.name) for c in classes for b in _project_bases(prov, c)
+    }
+    return first if all((c.module, c.name) in family for c in classes) else None
 
 
 def _project_bases(prov: Provenance, found: Found) -> list[Found]:

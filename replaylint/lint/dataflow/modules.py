@@ -214,17 +214,9 @@ def assigning_load(
     instance of one of ``classes`` and ``state`` is read from disk: with ``assign=True`` the
     module keeps the loaded tensors, in the dtype they were saved with, instead of copying them
     into its buffers (which keeps each buffer's dtype)."""
-    if method_name(call) != "load_state_dict" or not isinstance(call.func, cst.Attribute):
+    if not loads_by_assigning(prov, call, site):
         return None
-    assign = keyword_arg(call, "assign")
-    if assign is None or not _true(prov, assign.value, site):
-        return None
-    positional = positional_args(call)
-    state = positional[0] if positional else keyword_arg(call, "state_dict")
-    if state is None or not prov.is_loaded(state.value, site):
-        return None
-    if isinstance(state.value, cst.Name) and _rewritten(site.scope, state.value.value):
-        return None  # entries replaced before the load (`sd["g_cache"] = sd["g_cache"].float()`)
+    assert isinstance(call.func, cst.Attribute)
     receiver = call.func.value
     if isinstance(receiver, cst.Name) and receiver.value == "self":
         owner = site.enclosing_class()
@@ -236,6 +228,22 @@ def assigning_load(
         if names and all(name in classes for name in names):
             return classes[names[0]]
     return found
+
+
+def loads_by_assigning(prov: Provenance, call: cst.Call, site: Site) -> bool:
+    """Whether ``call`` is ``module.load_state_dict(state, assign=True)`` of a ``state`` read
+    from disk whose entries the scope does not replace first."""
+    if method_name(call) != "load_state_dict" or not isinstance(call.func, cst.Attribute):
+        return False
+    assign = keyword_arg(call, "assign")
+    if assign is None or not _true(prov, assign.value, site):
+        return False
+    positional = positional_args(call)
+    state = positional[0] if positional else keyword_arg(call, "state_dict")
+    if state is None or not prov.is_loaded(state.value, site):
+        return False
+    # entries replaced before the load (`sd["g_cache"] = sd["g_cache"].float()`)
+    return not (isinstance(state.value, cst.Name) and _rewritten(site.scope, state.value.value))
 
 
 def _true(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:

@@ -106,6 +106,34 @@ def class_gate_buffer(
         return None
 
 
+def registered_gate_buffer(
+    index: ProjectIndex, matches: Matches, found: Found
+) -> ImportedGateBuffer | None:
+    """The floating gate buffer the project class ``found`` or a base class registers, whatever
+    its cast methods do (a state-dict load with ``assign=True`` replaces the buffer itself)."""
+    seen: set[tuple[str, str]] = set()
+    pending = [found]
+    try:
+        while pending and len(seen) <= _MAX_DEPTH:
+            cls = pending.pop(0)
+            if (cls.module, cls.name) in seen:
+                continue
+            seen.add((cls.module, cls.name))
+            facts = _facts(cls)
+            if facts is None:
+                continue
+            if facts.get("guarded"):
+                return None  # the guard keeps a loaded gate entry float32 too
+            for name, line, _ in facts["buffers"]:
+                if matches(re.sub(r"\{[^}]*\}", "0", str(name))):
+                    origin = Origin(name, index.path_of(cls.module), line)
+                    return ImportedGateBuffer(found.name, str(name), cls.name, origin)
+            pending += [b for b in (class_value(index, cls.module, v) for v in facts["bases"]) if b]
+    except MALFORMED:
+        return None
+    return None
+
+
 def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str) -> bool:
     """Whether ``module`` imports (``from x import Y``) a project class that holds a gate buffer:
     the pre-filter's question for a file that mentions no gate cache but may cast a model."""

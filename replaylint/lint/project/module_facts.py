@@ -29,6 +29,8 @@ of a class with base classes records, from the class's own text (``ast``, no eva
     ``keep_fp32_gate_caches``, mixing in ``KeepFp32GateCaches``, or overriding ``_apply``, ``to``,
     ``half``, ``bfloat16`` or ``type`` with a body that mentions float32 (``.float()``,
     ``torch.float32``) or the guard;
+``guarded``
+    decorated with the guard or mixing it in (which also keeps state-dict loads float32);
 ``restores``
     the attributes such an override sets (``self.g_cache = kept``, ``register_buffer(...)``): an
     override that puts a gate cache back keeps it too.
@@ -164,6 +166,7 @@ def module_facts(
         ],
         "bases": [value_of(base) for base in cls.bases],
         "keeps": keeps,
+        "guarded": _guarded(cls),
         "restores": restores,
     }
 
@@ -187,6 +190,15 @@ def factory_classes(tree: ast.Module) -> dict[str, list[ast.expr]]:
             continue
         found[node.name] = made
     return {name: made for name, made in found.items() if name not in spoiled}
+
+
+def _guarded(cls: ast.ClassDef) -> bool:
+    """Decorated with ``keep_fp32_gate_caches`` or mixing in ``KeepFp32GateCaches``: its gate
+    buffers stay float32 through casts and state-dict loads alike."""
+    return any(
+        "keep_fp32_gate_caches" in dotted(d.func if isinstance(d, ast.Call) else d)
+        for d in cls.decorator_list
+    ) or any(dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
 
 
 def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:

@@ -8,7 +8,8 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import CastValue, Kind
-from replaylint.lint.dataflow.modules import GateBuffer, assigning_load
+from replaylint.lint.dataflow.imported_modules import assigned_gate_buffer
+from replaylint.lint.dataflow.modules import GateBuffer, assigning_load, loads_by_assigning
 from replaylint.lint.fixes.conditional import conditional_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
@@ -56,7 +57,9 @@ saved. The fix casts the entry for the gate cache's name only (`t.to(torch.float
 as the module's buffers instead of copying into them (the usual way to fill a module built on the
 meta device), so the gate buffer takes the dtype the checkpoint was saved in. It is reported at
 the call when the checkpoint is read from disk in the function and the module is an instance of
-a class of the module that registers a gate buffer (`register_buffer` or `nn.Buffer`), unless the
+a class that registers a gate buffer (`register_buffer` or `nn.Buffer`): a class of the module, or
+of another module of the project, also a part another class installs on each of its layers
+(`b.attention.cache` of `for b in model.layers`), whatever its cast overrides do, unless the
 class is guarded with `replaylint.guards.keep_fp32_gate_caches`, or the function replaces
 entries of the loaded mapping before the call (`state["g_cache"] = state["g_cache"].float()`).
 That finding has no fix: cast the gate entry before loading, or load without `assign=True`.
@@ -432,18 +435,29 @@ loaded value — device, shape, layout — changes.
             return
         if self._buffers is None:
             self._buffers = self.provenance.gate_buffers()
-        if not self._buffers:
+        site = self.site()
+        buffer = (
+            assigning_load(self.provenance, node, site, self._buffers) if self._buffers else None
+        )
+        if buffer is not None:
+            owner, name = buffer.cls.name.value, buffer.name
+            where = f"registered on line {self.context.line_of(buffer.node)}"
+        elif (
+            self.provenance.project is not None
+            and isinstance(node.func, cst.Attribute)
+            and loads_by_assigning(self.provenance, node, site)
+            and (held := assigned_gate_buffer(self.provenance, node.func.value, site)) is not None
+        ):
+            # an instance of another module's class that registers a gate buffer
+            owner, name = held.cls, held.name
+            where = f"registered at {held.origin.path}:{held.origin.line}"
+        else:
             return
-        buffer = assigning_load(self.provenance, node, self.site(), self._buffers)
-        if buffer is None:
-            return
-        owner = buffer.cls.name.value
-        line = self.context.line_of(buffer.node)
         self.report(
             node,
             f"`load_state_dict(..., assign=True)` keeps the tensors loaded from disk as the "
             f"buffers of `{owner}`, in the dtype they were saved with, its gate cache "
-            f"`{buffer.name}` (registered on line {line}) included; {WHY}; cast that entry "
+            f"`{name}` ({where}) included; {WHY}; cast that entry "
             "to float32 before loading, or load without `assign=True` (copying into the float32 "
             "buffer keeps its dtype)",
         )

@@ -46,7 +46,12 @@ from replaylint.lint.run.scanning import (
     stat_and_look_up,
     unchanged,
 )
-from replaylint.lint.run.taught import learned_from, taught_by, wrapper_rings
+from replaylint.lint.run.taught import (
+    learned_from,
+    rows_of_learned_rings,
+    taught_by,
+    wrapper_rings,
+)
 
 # A run that reads this many files will almost surely analyse some: the analysis is imported
 # while they are searched.
@@ -222,6 +227,7 @@ def lint_many(
         merged.update(
             wrapper_rings(settings, stamps, readable, names, merged, cache, jobs, kernel_callers)
         )
+        merged.update(rows_of_learned_rings(settings, stamps, readable, names, merged, cache, jobs))
     except BaseException:
         if early is not None:
             early.reports(valid=False)

@@ -9,13 +9,20 @@ import hashlib
 from collections.abc import Sequence
 
 from replaylint.lint.config.settings import Settings
-from replaylint.lint.gatecache.learning import learnable
+from replaylint.lint.gatecache.grep import files_containing
+from replaylint.lint.gatecache.learning import learn_rings_by_order, learnable
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.prefilter import Relevance
+from replaylint.lint.gatecache.ring_order import may_list_rings
 from replaylint.lint.gatecache.wrappers import learned_from_wrappers
 from replaylint.lint.run.cache import ResultCache
 from replaylint.lint.run.getters import read_text
 
-__all__ = ["REASON", "learned_from", "taught_by", "wrapper_rings"]
+__all__ = ["REASON", "learned_from", "rows_of_learned_rings", "taught_by", "wrapper_rings"]
+
+# Rounds of rows taught by files that name rings learned in the round before: a project's
+# chain of files is short.
+_ROW_ROUNDS = 3
 
 # what taught a name, in one string: the entry-point call, or why (a ring's place, a getter)
 REASON = "reason: "
@@ -66,6 +73,58 @@ def wrapper_rings(
         jobs,
         kernel_callers,
     )
+    if cache is not None and key is not None:
+        rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]
+        cache.put_stage(key.hexdigest(), rows)
+    return learned
+
+
+def rows_of_learned_rings(
+    settings: Settings,
+    stamps: Sequence[tuple[str, int, int, int]],
+    readable: list[str],
+    names: GateCacheNames,
+    merged: dict[str, LearnedFrom],
+    cache: ResultCache | None,
+    jobs: int,
+) -> dict[str, LearnedFrom]:
+    """The gate rings written in their place in a row (:mod:`~replaylint.lint.gatecache.
+    ring_order`) by files that only a learned name makes worth reading: ``state += [time_state,
+    d_ring, k_ring, w_log, pos]`` in a file that names no gate cache but ``w_log_ring``, a ring
+    another file's decode call taught. The scan learns rows only from the files its own names
+    let through; this stage reads the ones the learned names let through, round after round,
+    and is remembered in the cache like the wrapper stage."""
+    if not merged:
+        return {}
+    key = None
+    if cache is not None:
+        taught = sorted((n, o.filename, o.row, taught_by(o)) for n, o in merged.items())
+        key = hashlib.blake2b(repr(("rows", sorted(stamps), taught)).encode(), digest_size=12)
+        found, stored = cache.stage(key.hexdigest())
+        if found and isinstance(stored, list):
+            with contextlib.suppress(TypeError, ValueError):
+                return {str(n): learned_from(str(p), int(r), str(t)) for n, p, r, t in stored}
+    learned: dict[str, LearnedFrom] = {}
+    fresh = dict(merged)
+    for _ in range(_ROW_ROUNDS):
+        known = names.with_learned({**merged, **learned})
+        needles = [name.lower().encode() for name in fresh]
+        if not needles or not all(needle.isascii() for needle in needles):
+            break
+        relevance = Relevance(known, settings.entry_points)
+        fresh = {}
+        for path in sorted(files_containing(readable, needles, jobs)):
+            text = read_text(path)
+            if text is None or not may_list_rings(text.encode("utf-8", "surrogatepass")):
+                continue
+            if not relevance.may_hold_finding(text):
+                continue
+            for name, origin in learn_rings_by_order(text, path, names).items():
+                if not known.matches(name) and name not in fresh and learnable(name, known):
+                    fresh[name] = origin
+        if not fresh:
+            break
+        learned.update(fresh)
     if cache is not None and key is not None:
         rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]
         cache.put_stage(key.hexdigest(), rows)
