@@ -548,3 +548,8 @@ def test_a_comprehension_over_spread_items_is_judged_for_the_literal_entries_aft
         '(("gate", self.g_cache), *self.rings.items())',
     )
     assert Linter().check(later, "m.py") == []
+
+
+def test_a_fixed_cast_in_a_module_without_torch_still_copies() -> None:
+    source = "def park(live, parked):\n    parked.g_cache = live.g_cache.half()\n"
+    assert "parked.g_cache = live.g_cache.float().clone()\n" in _fixed(source)

@@ -135,18 +135,15 @@ class Float32Spelling:
         return (edit, *torch.imports), torch.safe
 
     def _copying_cast(self, target: CastMethodToFloat, site: Site) -> Float32Edits | None:
-        """``t.half()`` as ``t.to(torch.float32, copy=True)``: a new tensor, as before; None
-        when torch cannot be spelled here without an import."""
+        """``t.half()`` of a held tensor as ``t.to(torch.float32, copy=True)``: a new tensor, as
+        before (``t.float().clone()`` where torch cannot be spelled without an import: the same,
+        at the cost of a second copy when ``t`` is not float32); None for a fresh tensor."""
         call, torch = target.call, self.torch_at(site)
-        if (
-            call is None
-            or not isinstance(call.func, cst.Attribute)
-            or torch is None
-            or not torch.safe
-            or torch.imports
-        ):
+        if call is None or not isinstance(call.func, cst.Attribute):
             return None
         receiver = self.module.code_for_node(call.func.value)
+        if torch is None or not torch.safe or torch.imports:
+            return (Replace(call, f"{receiver}.float().clone()"),), True
         spelling = torch.attribute("float32")
         return (Replace(call, f"{receiver}.to({spelling}, copy=True)"),), True
 

@@ -111,7 +111,8 @@ Makes the cast float32 and keeps everything else: `.half()`/`.bfloat16()`/`.doub
 a new tensor, so one of a tensor that something else may hold (a name, an attribute, an item)
 stays a copy: `g.half()` and `g.to(torch.bfloat16)` become `g.to(torch.float32, copy=True)` (a
 float32 source would otherwise be handed back as it is, and a write to the result would reach
-the original). A cast to a variable dtype (`g.to(model_dtype)`) may have handed a float32 ring
+the original; in a module that cannot spell torch without an import, `g.half()` becomes
+`g.float().clone()`). A cast to a variable dtype (`g.to(model_dtype)`) may have handed a float32 ring
 back as it is, so its fix passes no `copy`; `.type("torch.cuda.HalfTensor")` becomes
 `.type("torch.cuda.FloatTensor")`, and `.to(other)` becomes `.to(other.device, torch.float32)` (the
 same device move, float32 dtype). The fix is **safe**: the cast's result is the gate cache, and
@@ -238,7 +239,7 @@ every buffer keeps its cast for the others and makes the gate buffers float32
             """,
             expected_fix="""
             def halve(pool):
-                pool.g_cache = pool.g_cache.float().contiguous()
+                pool.g_cache = pool.g_cache.float().clone().contiguous()
             """,
         ),
         Invalid(

@@ -208,7 +208,7 @@ a cast of the load — that the message names.
             """,
             expected_fix="""
             def decode_half(self, inputs):
-                g = self.g_cache.float()
+                g = self.g_cache.float().clone()
                 kda_replayssm_decode(**inputs, g_cache=g)
             """,
             message_contains="torch.float16",
@@ -244,7 +244,7 @@ a cast of the load — that the message names.
             expected_fix="""
             def decode_step(mixed_qkv, rings, x):
                 ring_args = {"d_cache": rings.d, "k_cache": rings.k}
-                ring_args["g_cache"] = x.float()
+                ring_args["g_cache"] = x.float().clone()
                 return replayssm_decode(mixed_qkv, **ring_args)
             """,
             message_contains="line 3",
