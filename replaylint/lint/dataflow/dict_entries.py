@@ -40,8 +40,12 @@ def entry_facts(
         return None
     binding, built_at = found[0]
     value = binding.value
-    if binding.kind != "assign" or not isinstance(value, cst.Dict):
-        return None
+    if (
+        binding.kind != "assign"
+        or not isinstance(value, cst.Dict)
+        or built_at.scope is not site.scope
+    ):
+        return None  # a dict of another scope may be written anywhere that scope reaches
     if _written(mapping.value, site.scope, binding.node):
         return None
     return _literal_entry(prov, value, key, built_at, env)
