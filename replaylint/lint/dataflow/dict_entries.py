@@ -16,7 +16,7 @@ import libcst as cst
 from replaylint.lint.dataflow import strings
 from replaylint.lint.dataflow.facts import TensorFact
 from replaylint.lint.dataflow.strings import Env
-from replaylint.lint.syntax.nodes import method_name
+from replaylint.lint.syntax.nodes import entries_rewritten, is_name, method_name
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["entry_facts"]
 
-_WRITING = frozenset({"update", "setdefault", "__setitem__", "clear", "popitem"})
+_EMPTYING = frozenset({"clear", "popitem"})
 
 
 def entry_facts(
@@ -67,27 +67,27 @@ def _literal_entry(
 
 
 def _written(name: str, scope: cst.CSTNode, bound: cst.CSTNode) -> bool:
-    """Whether ``scope`` writes an entry of the dict ``name`` (item assignment, ``update``, a
-    deletion) or binds it again."""
+    """Whether ``scope`` writes an entry of the dict ``name`` (item assignment, ``update``,
+    :func:`~replaylint.lint.syntax.nodes.entries_rewritten`; an augmented item assignment, a
+    deletion, ``clear``, ``popitem``) or binds it again."""
+    if entries_rewritten(scope, name):
+        return True
     for node in descendants(scope):
-        if isinstance(node, cst.Call) and method_name(node) in _WRITING:
+        if isinstance(node, cst.Call) and method_name(node) in _EMPTYING:
             func = node.func
-            if isinstance(func, cst.Attribute) and _is(func.value, name):
+            if isinstance(func, cst.Attribute) and is_name(func.value, name):
                 return True
-        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)):
+        elif isinstance(node, cst.AugAssign):
             target = node.target
-            if isinstance(target, cst.Subscript) and _is(target.value, name):
+            if is_name(target.value if isinstance(target, cst.Subscript) else target, name):
                 return True
-            if _is(target, name) and target is not bound:
+        elif isinstance(node, cst.AssignTarget) and is_name(node.target, name):
+            if node.target is not bound:
                 return True
         elif (
             isinstance(node, cst.Del)
             and isinstance(node.target, cst.Subscript)
-            and _is(node.target.value, name)
+            and is_name(node.target.value, name)
         ):
             return True
     return False
-
-
-def _is(expr: cst.BaseExpression, name: str) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == name

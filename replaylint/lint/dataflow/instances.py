@@ -40,6 +40,7 @@ from replaylint.lint.syntax.annotations import annotated_name, class_parameter, 
 from replaylint.lint.syntax.nodes import (
     decorated,
     dotted_name,
+    is_name,
     plain_element,
     properties_named,
 )
@@ -177,7 +178,7 @@ class _Resolver:
     ) -> Names | None:
         if depth > _MAX_DEPTH:
             return None
-        if _is_name(expr, "None"):
+        if is_name(expr, "None"):
             return ()  # `self.model = None` until loaded: no module to cast
         deeper = depth + 1
         if isinstance(expr, cst.Call):
@@ -270,7 +271,7 @@ class _Resolver:
             elements = [element.value for element in loop_target.elements]
             if not (isinstance(source, cst.Call) and len(elements) == 2 and elements[1] is target):
                 return None
-            if _is_name(source.func, "enumerate") and source.args:
+            if is_name(source.func, "enumerate") and source.args:
                 source = source.args[0].value  # `for i, layer in enumerate(model.layers)`
             elif isinstance(source.func, cst.Attribute) and source.func.attr.value == "items":
                 source = source.func.value  # `for name, layer in layers.items()`
@@ -441,7 +442,7 @@ class _Resolver:
         results: list[Names | None] = []
         for returned, statement in self.prov.index.scope(function).returns:
             value = returned.value
-            if value is None or _is_name(value, "None"):
+            if value is None or is_name(value, "None"):
                 continue  # no module to cast
             results.append(resolve(value, Site(scopes, statement), depth, cls_name))
         return results
@@ -499,15 +500,15 @@ def _added_to(name: str, scope: cst.CSTNode) -> Iterator[cst.BaseExpression]:
         if (
             isinstance(node, cst.Call)
             and isinstance(node.func, cst.Attribute)
-            and _is_name(node.func.value, name)
+            and is_name(node.func.value, name)
             and node.func.attr.value in ADDING_METHODS
             and node.args
         ):
             yield node.args[-1].value
-        elif (isinstance(node, cst.AugAssign) and _is_name(node.target, name)) or (
+        elif (isinstance(node, cst.AugAssign) and is_name(node.target, name)) or (
             isinstance(node, cst.Assign)
             and any(
-                isinstance(t.target, cst.Subscript) and _is_name(t.target.value, name)
+                isinstance(t.target, cst.Subscript) and is_name(t.target.value, name)
                 for t in node.targets
             )
         ):
@@ -527,10 +528,6 @@ def _all_known(parts: list[Names | None]) -> Names | None:
     if not parts or any(part is None for part in parts):
         return None
     return _union([part for part in parts if part is not None])
-
-
-def _is_name(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Name) and node.value == name
 
 
 def _without_not(test: cst.BaseExpression) -> tuple[str, bool]:

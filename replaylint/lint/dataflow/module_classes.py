@@ -17,6 +17,7 @@ import libcst as cst
 from replaylint.lint.syntax.nodes import (
     decorated,
     dotted_name,
+    is_name,
     literal_string,
     plain_elements,
     positional_args,
@@ -169,12 +170,12 @@ def _assigned(small: cst.BaseSmallStatement, me: str) -> Iterator[tuple[str, cst
         func = call.func
         if (
             isinstance(func, cst.Attribute)
-            and _is_name(func.value, me)
+            and is_name(func.value, me)
             and func.attr.value in {"add_module", "register_module"}
             and len(args) >= 2
         ):
             yield _attribute_text(args[0].value), args[1].value
-        elif _is_name(func, "setattr") and len(args) >= 3 and _is_name(args[0].value, me):
+        elif is_name(func, "setattr") and len(args) >= 3 and is_name(args[0].value, me):
             yield _attribute_text(args[1].value), args[2].value
         elif (
             isinstance(func, cst.Attribute)
@@ -189,7 +190,7 @@ def _own_attribute(target: cst.BaseExpression, me: str) -> str | None:
     """``x`` of ``self.x`` or ``self.x[key]``."""
     if isinstance(target, cst.Subscript):
         target = target.value
-    if isinstance(target, cst.Attribute) and _is_name(target.value, me):
+    if isinstance(target, cst.Attribute) and is_name(target.value, me):
         return target.attr.value
     return None
 
@@ -226,7 +227,3 @@ def _simple_statements(
 def is_static(function: cst.FunctionDef) -> bool:
     """Whether ``function`` is a ``@staticmethod``."""
     return decorated(function, "staticmethod")
-
-
-def _is_name(node: cst.BaseExpression, name: str) -> bool:
-    return isinstance(node, cst.Name) and node.value == name

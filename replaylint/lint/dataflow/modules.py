@@ -50,6 +50,8 @@ from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import (
     binding_name,
     dotted_name,
+    entries_rewritten,
+    is_name,
     keyword_arg,
     literal_string,
     method_name,
@@ -166,12 +168,12 @@ def module_cast_dtypes(
         if method == "type" and expr is None and positional:
             return _type_dtypes(prov, positional[0].value, site)
         like: cst.BaseExpression | None = None
-        roles: list[str | None] = []
+        first: str | None = None  # the first argument's role
         for arg in positional[:2] if method == "to" else ():
             role = to_argument_role(prov, arg.value, site) if expr is None else None
-            if role == "unknown" and roles == ["device"]:
+            if role == "unknown" and arg is not positional[0] and first == "device":
                 role = "dtype"  # `.to(device, dtype)`: the one place after a device
-            roles.append(role)
+            first = role if arg is positional[0] else first
             if role == "dtype":
                 expr = arg.value
             elif role == "tensor" and like is None and arg is positional[0]:
@@ -208,16 +210,12 @@ def _narrowing(dtypes: tuple[DtypeFact, ...]) -> tuple[DtypeFact, ...] | None:
 
 
 def assigning_load(
-    prov: Provenance, call: cst.Call, site: Site, classes: dict[str, GateBuffer]
+    prov: Provenance, receiver: cst.BaseExpression, site: Site, classes: dict[str, GateBuffer]
 ) -> GateBuffer | None:
-    """The gate buffer of ``module.load_state_dict(state, assign=True)`` when ``module`` is an
-    instance of one of ``classes`` and ``state`` is read from disk: with ``assign=True`` the
-    module keeps the loaded tensors, in the dtype they were saved with, instead of copying them
-    into its buffers (which keeps each buffer's dtype)."""
-    if not loads_by_assigning(prov, call, site):
-        return None
-    assert isinstance(call.func, cst.Attribute)
-    receiver = call.func.value
+    """The gate buffer of ``receiver.load_state_dict(state, assign=True)`` (a call
+    :func:`loads_by_assigning` accepts) when ``receiver`` is an instance of one of ``classes``:
+    with ``assign=True`` the module keeps the loaded tensors, in the dtype they were saved with,
+    instead of copying them into its buffers (which keeps each buffer's dtype)."""
     if isinstance(receiver, cst.Name) and receiver.value == "self":
         owner = site.enclosing_class()
         return classes.get(owner.name.value) if owner is not None else None
@@ -243,7 +241,9 @@ def loads_by_assigning(prov: Provenance, call: cst.Call, site: Site) -> bool:
     if state is None or not prov.is_loaded(state.value, site):
         return False
     # entries replaced before the load (`sd["g_cache"] = sd["g_cache"].float()`)
-    return not (isinstance(state.value, cst.Name) and _rewritten(site.scope, state.value.value))
+    return not (
+        isinstance(state.value, cst.Name) and entries_rewritten(site.scope, state.value.value)
+    )
 
 
 def _true(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
@@ -261,31 +261,6 @@ def _true(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
         and binding.node.default.value == "True"
         for binding, _ in found or ()
     )
-
-
-def _rewritten(scope: cst.CSTNode, name: str) -> bool:
-    """Whether ``scope`` replaces entries of the mapping ``name`` (``name[key] = x``,
-    ``name.update(...)``, ``name.setdefault(...)``)."""
-    stack: list[cst.CSTNode] = [scope]
-    while stack:
-        node = stack.pop()
-        if (
-            isinstance(node, cst.AssignTarget)
-            and isinstance(node.target, cst.Subscript)
-            and isinstance(node.target.value, cst.Name)
-            and node.target.value.value == name
-        ):
-            return True
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and isinstance(node.func.value, cst.Name)
-            and node.func.value.value == name
-            and node.func.attr.value in {"update", "setdefault", "__setitem__"}
-        ):
-            return True
-        stack.extend(syntax_children(node))
-    return False
 
 
 _COPIES = frozenset({"copy.deepcopy", "copy.copy"})
@@ -464,7 +439,12 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             name = static_name(key.value) if key is not None else None
             if name is not None and names.matches(name):
                 return True
-            if called == "setattr" and key is not None and name is None and _is_self(args[0]):
+            if (
+                called == "setattr"
+                and key is not None
+                and name is None
+                and is_name(args[0].value, "self")
+            ):
                 return True  # `setattr(self, name, kept)` of each name saved before the cast
         elif isinstance(node, (cst.Attribute, cst.Name)):
             if literal_dtype(prov.index, node) == FLOAT32:
@@ -477,10 +457,6 @@ def _restores_float32(prov: Provenance, function: cst.FunctionDef) -> bool:
             return True  # `self._buffers[name] = kept`: puts back what it saved before the cast
         stack.extend(syntax_children(node))
     return False
-
-
-def _is_self(arg: cst.Arg) -> bool:
-    return isinstance(arg.value, cst.Name) and arg.value.value == "self"
 
 
 def _module_table_entry(target: cst.BaseExpression) -> bool:

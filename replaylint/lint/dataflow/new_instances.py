@@ -8,12 +8,13 @@ there yet, and a cast of ``Transformer(args)`` leaves them to be allocated in th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root
+from replaylint.lint.syntax.nodes import is_name
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -130,20 +131,25 @@ def _following(site: Site) -> list[cst.CSTNode]:
 def handed_on(receiver: cst.BaseExpression, site: Site) -> bool:
     """Whether the scope calls the name ``receiver`` is, or passes it to a call, before the
     statement at ``site``: any method may have run on it then (``model(x)``, ``prepare(model)``)."""
-    receiver = chain_root(receiver)
-    if not isinstance(receiver, cst.Name):
-        return False
-    name = receiver.value
+    return next(hand_offs(receiver, site), None) is not None
+
+
+def hand_offs(receiver: cst.BaseExpression, site: Site) -> Iterator[tuple[cst.Call, bool]]:
+    """The calls before the statement at ``site`` that call the name ``receiver`` is (``model(x)``,
+    with True) or pass it as an argument (``prepare(model)``, with False), in source order."""
+    root = chain_root(receiver)
+    if not isinstance(root, cst.Name):
+        return
+    name = root.value
     for node in descendants(site.scope):  # in source order
         if node is site.statement:
-            break
+            return
         if not isinstance(node, cst.Call):
             continue
-        if isinstance(node.func, cst.Name) and node.func.value == name:
-            return True
-        if any(isinstance(a.value, cst.Name) and a.value.value == name for a in node.args):
-            return True
-    return False
+        if is_name(node.func, name):
+            yield node, True
+        elif any(is_name(a.value, name) for a in node.args):
+            yield node, False
 
 
 def constructed_here(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from replaylint.lint.syntax.nodes import method_name, positional_args
+from replaylint.lint.syntax.nodes import is_name, method_name, positional_args
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -57,7 +57,7 @@ def _walk(expr: cst.BaseExpression) -> str | None:
         return None
     method = method_name(expr)
     receiver = expr.func.value
-    if method in _PAIRS | _TENSORS and _is_self(receiver) and not positional_args(expr):
+    if method in _PAIRS | _TENSORS and is_name(receiver, "self") and not positional_args(expr):
         return "pairs" if method in _PAIRS else "tensors"
     if method in {"items", "values", "keys"} and not expr.args:
         mapping = receiver
@@ -65,12 +65,12 @@ def _walk(expr: cst.BaseExpression) -> str | None:
             isinstance(mapping, cst.Call)
             and isinstance(mapping.func, cst.Attribute)
             and mapping.func.attr.value == "state_dict"
-            and _is_self(mapping.func.value)
+            and is_name(mapping.func.value, "self")
             and not mapping.args
         ) or (
             isinstance(mapping, cst.Attribute)
             and mapping.attr.value == "_buffers"
-            and _is_self(mapping.value)
+            and is_name(mapping.value, "self")
         )
         if owned:
             return {"items": "pairs", "values": "tensors", "keys": "names"}[method]
@@ -85,7 +85,7 @@ def registered_buffers(cls: cst.ClassDef) -> list[str]:
         if isinstance(node, cst.Call) and method_name(node) == "register_buffer":
             func = node.func
             args = positional_args(node)
-            if isinstance(func, cst.Attribute) and _is_self(func.value) and args:
+            if isinstance(func, cst.Attribute) and is_name(func.value, "self") and args:
                 first = args[0].value
                 if isinstance(first, cst.SimpleString) and isinstance(first.evaluated_value, str):
                     name = first.evaluated_value
@@ -94,7 +94,7 @@ def registered_buffers(cls: cst.ClassDef) -> list[str]:
             value = node.value
             if (
                 isinstance(target, cst.Attribute)
-                and _is_self(target.value)
+                and is_name(target.value, "self")
                 and isinstance(value, cst.Call)
                 and method_name(value) == "Buffer"
             ):
@@ -102,7 +102,3 @@ def registered_buffers(cls: cst.ClassDef) -> list[str]:
         if name is not None and name not in names:
             names.append(name)
     return names
-
-
-def _is_self(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "self"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.instances import chain_root
-from replaylint.lint.dataflow.new_instances import methods_called
+from replaylint.lint.dataflow.new_instances import hand_offs, methods_called
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import as_value
 from replaylint.lint.project.index import Found
@@ -36,22 +36,17 @@ def methods_run_elsewhere(
     name that the modules of the project callees it is passed to call (``ExLlamaGenerator(model,
     cache)`` of a module that never calls ``.attach_caches(``); None when a callee is not of
     the project."""
-    root = chain_root(receiver)
-    if not isinstance(root, cst.Name) or prov.project is None:
+    if prov.project is None or not isinstance(chain_root(receiver), cst.Name):
         return None
     called = set(methods_called(receiver, site))
-    for node in descendants(site.scope):  # in source order
-        if node is site.statement:
-            break
-        if not isinstance(node, cst.Call):
-            continue
-        if isinstance(node.func, cst.Name) and node.func.value == root.value:
+    for call, called_itself in hand_offs(receiver, site):
+        if called_itself:
             called |= {"forward", "__call__"}
-        elif any(isinstance(a.value, cst.Name) and a.value.value == root.value for a in node.args):
-            methods = _methods_callee_calls(prov, node.func, site, class_of)
-            if methods is None:
-                return None
-            called |= methods
+            continue
+        methods = _methods_callee_calls(prov, call.func, site, class_of)
+        if methods is None:
+            return None
+        called |= methods
     return frozenset(called)
 
 

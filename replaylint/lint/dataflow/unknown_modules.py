@@ -32,7 +32,7 @@ from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root, instanc
 from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.syntax.annotations import annotated_name
-from replaylint.lint.syntax.nodes import dotted_name, only_statement
+from replaylint.lint.syntax.nodes import dotted_name, is_name, only_statement
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def _unknown(
         return called is not None and _builds_a_module(prov, called[0])
     if (
         isinstance(expr, cst.Attribute)
-        and _is_self(expr.value)
+        and is_name(expr.value, "self")
         and (owner := site.enclosing_class()) is not None
     ):  # `self.model`, every value the class's methods give it
         given = [
@@ -186,10 +186,6 @@ def _builds_a_module(prov: Provenance, function: cst.FunctionDef) -> bool:
         param.name.value in _MODEL_NAMES or _annotated_module(prov, param.annotation)
         for param in (*params.posonly_params, *params.params, *params.kwonly_params)
     )
-
-
-def _is_self(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == "self"
 
 
 def _annotated_module(prov: Provenance, annotation: cst.Annotation | None) -> bool:

@@ -200,7 +200,7 @@ def _kernel_rows(names: Sequence[str | None]) -> Iterator[tuple[str, str, str, s
         if (
             state_words & _CHECKPOINT_WORDS
             and cursor_words & _CURSOR_WORDS
-            and _d_and_k(d_name, k_name)
+            and _family_place(d_name.lower().split("_"), k_name.lower().split("_")) is not None
             and gate.lower() not in _GENERIC
             and len(gate) > 2
             and not any(w in _D_WORDS | _K_WORDS | _METADATA | _NOT_RINGS for w in gate_words)
@@ -212,39 +212,41 @@ _CHECKPOINT_WORDS = frozenset({"state", "states", "checkpoint", "kv", "ssm"})
 _CURSOR_WORDS = frozenset({"pos", "position", "positions", "cursor", "cursors", "steps", "ptr"})
 
 
-def _d_and_k(first: str, second: str) -> bool:
-    """``d_ring, k_ring``, ``delta, key``: one name with the d ring's word, then the k ring's."""
-    d_words, k_words = first.lower().split("_"), second.lower().split("_")
+def _family_place(
+    d_words: list[str], k_words: list[str], *, one_letter: bool = False
+) -> int | None:
+    """Where the words of a d ring's and a k ring's name differ, when they differ in that one
+    place only and by a d-ring word and a k-ring word there (whole words for a one-word name,
+    unless ``one_letter``: a declaration spells each field out)."""
     if len(d_words) != len(k_words):
-        return False
+        return None
     differing = [i for i, (d, k) in enumerate(zip(d_words, k_words, strict=True)) if d != k]
     if len(differing) != 1:
-        return False
-    whole = len(d_words) == 1
-    return d_words[differing[0]] in (_WHOLE_D if whole else _D_WORDS) and k_words[differing[0]] in (
+        return None
+    place = differing[0]
+    whole = len(d_words) == 1 and not one_letter
+    if d_words[place] in (_WHOLE_D if whole else _D_WORDS) and k_words[place] in (
         _WHOLE_K if whole else _K_WORDS
-    )
+    ):
+        return place
+    return None
 
 
 def _third_of_family(first: str, second: str, third: str, *, one_letter: bool = False) -> bool:
     """``nc_d, nc_k, nc_decay``; ``d_ring, k_ring, log_gate_ring`` (the gate ring's own word may
     be several); ``delta, key, alpha``; with ``one_letter`` (a declaration), ``d, k, decay``."""
     d_words, k_words, own_words = (name.lower().split("_") for name in (first, second, third))
-    if len(d_words) != len(k_words) or third.lower() in _GENERIC or len(third) <= 2:
+    if third.lower() in _GENERIC or len(third) <= 2:
         return False
-    differing = [i for i, (d, k) in enumerate(zip(d_words, k_words, strict=True)) if d != k]
-    if len(differing) != 1:
+    place = _family_place(d_words, k_words, one_letter=one_letter)
+    if place is None:
         return False
-    place = differing[0]
     prefix, suffix = d_words[:place], d_words[place + 1 :]
     middle = own_words[len(prefix) : len(own_words) - len(suffix)]
-    whole = len(d_words) == 1
     return (
         own_words[: len(prefix)] == prefix
         and own_words[len(own_words) - len(suffix) :] == suffix
         and bool(middle)
-        and d_words[place] in (_WHOLE_D if whole and not one_letter else _D_WORDS)
-        and k_words[place] in (_WHOLE_K if whole and not one_letter else _K_WORDS)
         and not any(word in _D_WORDS | _K_WORDS | _METADATA | _NOT_RINGS for word in middle)
         and not any(word in _METADATA for word in own_words)
     )

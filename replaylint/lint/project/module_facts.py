@@ -205,11 +205,6 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
     """Whether the class is guarded or overrides a cast method with a body that mentions
     float32 (``.float()``, ``torch.float32``) or the guard; and the attributes such an override
     sets (``self.g_cache = kept``): a gate cache among them is put back too."""
-    decorated = any(
-        "keep_fp32_gate_caches" in dotted(d.func if isinstance(d, ast.Call) else d)
-        for d in cls.decorator_list
-    )
-    mixin = any(dotted(base).endswith("KeepFp32GateCaches") for base in cls.bases)
     restores = False
     attributes: list[str] = []
     for statement in cls.body:
@@ -247,7 +242,7 @@ def _keeps(cls: ast.ClassDef) -> tuple[bool, list[str]]:
                 attributes += [a for t in targets if (a := _self_attribute(t)) is not None]
                 # `self._buffers[name] = kept`: puts back what it saved before the cast
                 restores = restores or any(_module_table_entry(t) for t in targets)
-    return decorated or mixin or restores, attributes
+    return _guarded(cls) or restores, attributes
 
 
 def _module_table(expr: ast.expr) -> bool:

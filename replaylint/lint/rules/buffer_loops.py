@@ -12,6 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.dataflow.torch_api import DTYPE_KEEPING_COPIES
+from replaylint.lint.syntax.nodes import is_name
 from replaylint.lint.syntax.traversal import descendants
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
@@ -24,7 +25,7 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
     iterable = loop.iter
     if (
         isinstance(iterable, cst.Call)
-        and _is_name(iterable.func, "list")
+        and is_name(iterable.func, "list")
         and len(iterable.args) == 1
         and isinstance(iterable.args[0].value, cst.Call)
     ):
@@ -51,17 +52,17 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
             put is not None
             and isinstance(put, cst.Call)
             and isinstance(put.func, cst.Attribute)
-            and _is_name(put.func.value, buffer)
+            and is_name(put.func.value, buffer)
         ):
             return iterable.func.value, put
         if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
             continue
         written, value = statement.targets[0].target, statement.value
-        if _is_data_of(written, buffer) or _is_name(written, buffer):
+        if _is_data_of(written, buffer) or is_name(written, buffer):
             if (
                 isinstance(value, cst.Call)
                 and isinstance(value.func, cst.Attribute)
-                and (_is_data_of(value.func.value, buffer) or _is_name(value.func.value, buffer))
+                and (_is_data_of(value.func.value, buffer) or is_name(value.func.value, buffer))
             ):
                 return iterable.func.value, value
             if _is_data_of(written, buffer) and _casts(value):
@@ -85,7 +86,7 @@ def buffer_name_variable(
         if isinstance(loop, cst.For)
         else (loop.for_in.target, loop.for_in.iter)
     )
-    if isinstance(iterable, cst.Call) and _is_name(iterable.func, "list") and iterable.args:
+    if isinstance(iterable, cst.Call) and is_name(iterable.func, "list") and iterable.args:
         iterable = iterable.args[0].value
     if not (
         isinstance(iterable, cst.Call)
@@ -156,7 +157,7 @@ def _cast_of(value: cst.BaseExpression, buffer: str) -> cst.Call | None:
         and receiver.func.attr.value in DTYPE_KEEPING_COPIES
     ):
         receiver = receiver.func.value
-    if not (_is_name(receiver, buffer) or _is_data_of(receiver, buffer)):
+    if not (is_name(receiver, buffer) or _is_data_of(receiver, buffer)):
         return None
     return value
 
@@ -232,13 +233,13 @@ def _put_back(statement: cst.BaseSmallStatement, key: str | None) -> cst.BaseExp
         return None
     call = statement.value
     args = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
-    if _is_name(call.func, "setattr") and len(args) == 3 and _is_name(args[1], key):
+    if is_name(call.func, "setattr") and len(args) == 3 and is_name(args[1], key):
         return args[2]
     if (
         isinstance(call.func, cst.Attribute)
         and call.func.attr.value == "register_buffer"
         and len(args) >= 2
-        and _is_name(args[0], key)
+        and is_name(args[0], key)
     ):
         return args[1]
     return None
@@ -263,7 +264,7 @@ def _excludes(test: cst.BaseExpression) -> bool:
     if isinstance(test, cst.Comparison):
         return any(
             isinstance(c.operator, (cst.NotEqual, cst.NotIn, cst.IsNot))
-            and not _is_name(c.comparator, "None")  # `dtype is not None`: leaves no buffer out
+            and not is_name(c.comparator, "None")  # `dtype is not None`: leaves no buffer out
             for c in test.comparisons
         )
     if isinstance(test, cst.BooleanOperation):
@@ -271,13 +272,9 @@ def _excludes(test: cst.BaseExpression) -> bool:
     return False
 
 
-def _is_name(expr: cst.BaseExpression, name: str) -> bool:
-    return isinstance(expr, cst.Name) and expr.value == name
-
-
 def _is_data_of(expr: cst.BaseExpression, name: str) -> bool:
     return (
-        isinstance(expr, cst.Attribute) and expr.attr.value == "data" and _is_name(expr.value, name)
+        isinstance(expr, cst.Attribute) and expr.attr.value == "data" and is_name(expr.value, name)
     )
 
 

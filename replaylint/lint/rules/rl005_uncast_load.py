@@ -18,7 +18,6 @@ from replaylint.lint.rules.loop_treatment import gate_name_test
 from replaylint.lint.rules.restored_attributes import restored_by_setattr
 from replaylint.lint.rules.unlisted_keys import gate_attributes_read
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
-from replaylint.lint.syntax.nodes import method_name
 
 
 class UncastLoad(Rule):
@@ -431,23 +430,22 @@ loaded value — device, shape, layout — changes.
         self._buffers: dict[str, GateBuffer] | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
-        if method_name(node) != "load_state_dict":
+        site = self.site()
+        if not loads_by_assigning(self.provenance, node, site):
             return
+        assert isinstance(node.func, cst.Attribute)
+        receiver = node.func.value
         if self._buffers is None:
             self._buffers = self.provenance.gate_buffers()
-        site = self.site()
         buffer = (
-            assigning_load(self.provenance, node, site, self._buffers) if self._buffers else None
+            assigning_load(self.provenance, receiver, site, self._buffers)
+            if self._buffers
+            else None
         )
         if buffer is not None:
             owner, name = buffer.cls.name.value, buffer.name
             where = f"registered on line {self.context.line_of(buffer.node)}"
-        elif (
-            self.provenance.project is not None
-            and isinstance(node.func, cst.Attribute)
-            and loads_by_assigning(self.provenance, node, site)
-            and (held := assigned_gate_buffer(self.provenance, node.func.value, site)) is not None
-        ):
+        elif (held := assigned_gate_buffer(self.provenance, receiver, site)) is not None:
             # an instance of another module's class that registers a gate buffer
             owner, name = held.cls, held.name
             where = f"registered at {held.origin.path}:{held.origin.line}"

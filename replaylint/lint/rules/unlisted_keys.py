@@ -199,16 +199,9 @@ def _key_uses(context: FileContext, scope: cst.CSTNode) -> _KeyUses:
                 spelled = module.code_for_node(found_in[1])
                 uses.read.setdefault(spelled, set()).add(found_in[0])
         elif isinstance(node, cst.Call):
-            func = node.func
-            first = node.args[0].value if node.args else None
-            if (
-                isinstance(func, cst.Attribute)
-                and func.attr.value in _KEYED_READS
-                and isinstance(first, cst.SimpleString)
-                and isinstance(value := first.evaluated_value, str)
-                and gate_caches.matches(value)
-            ):
-                uses.read.setdefault(module.code_for_node(func.value), set()).add(value)
+            read = _read_key(node)
+            if read is not None and gate_caches.matches(read[1]):
+                uses.read.setdefault(module.code_for_node(read[0]), set()).add(read[1])
             for arg in node.args:
                 if arg.star == "**":
                     spelled = module.code_for_node(arg.value)

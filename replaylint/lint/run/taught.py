@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.grep import files_containing
@@ -54,29 +54,19 @@ def wrapper_rings(
     every file's size and times and the names learned so far, so that a run in which no file
     changed reads none of them again. ``kernel_callers``: a superset of the files that contain
     an entry point's text, when the run knows one."""
-    key = None
-    if cache is not None:
-        # size, mtime and ctime: what the cache trusts a file's entry by
-        contents = sorted(stamps)
-        taught = sorted((n, o.filename, o.row, taught_by(o)) for n, o in merged.items())
-        key = hashlib.blake2b(repr(("wrappers", contents, taught)).encode(), digest_size=12)
-        found, stored = cache.stage(key.hexdigest())
-        if found and isinstance(stored, list):
-            with contextlib.suppress(TypeError, ValueError):
-                return {str(n): learned_from(str(p), int(r), str(t)) for n, p, r, t in stored}
-    learned = learned_from_wrappers(
-        readable,
-        names.with_learned(merged),
-        settings.entry_points,
-        read_text,
-        lambda name: learnable(name, names),
-        jobs,
-        kernel_callers,
-    )
-    if cache is not None and key is not None:
-        rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]
-        cache.put_stage(key.hexdigest(), rows)
-    return learned
+
+    def learn() -> dict[str, LearnedFrom]:
+        return learned_from_wrappers(
+            readable,
+            names.with_learned(merged),
+            settings.entry_points,
+            read_text,
+            lambda name: learnable(name, names),
+            jobs,
+            kernel_callers,
+        )
+
+    return _remembered("wrappers", stamps, merged, cache, learn)
 
 
 def rows_of_learned_rings(
@@ -96,36 +86,52 @@ def rows_of_learned_rings(
     and is remembered in the cache like the wrapper stage."""
     if not merged:
         return {}
-    key = None
-    if cache is not None:
-        taught = sorted((n, o.filename, o.row, taught_by(o)) for n, o in merged.items())
-        key = hashlib.blake2b(repr(("rows", sorted(stamps), taught)).encode(), digest_size=12)
-        found, stored = cache.stage(key.hexdigest())
-        if found and isinstance(stored, list):
-            with contextlib.suppress(TypeError, ValueError):
-                return {str(n): learned_from(str(p), int(r), str(t)) for n, p, r, t in stored}
-    learned: dict[str, LearnedFrom] = {}
-    fresh = dict(merged)
-    for _ in range(_ROW_ROUNDS):
-        known = names.with_learned({**merged, **learned})
-        needles = [name.lower().encode() for name in fresh]
-        if not needles or not all(needle.isascii() for needle in needles):
-            break
-        relevance = Relevance(known, settings.entry_points)
-        fresh = {}
-        for path in sorted(files_containing(readable, needles, jobs)):
-            text = read_text(path)
-            if text is None or not may_list_rings(text.encode("utf-8", "surrogatepass")):
-                continue
-            if not relevance.may_hold_finding(text):
-                continue
-            for name, origin in learn_rings_by_order(text, path, names).items():
-                if not known.matches(name) and name not in fresh and learnable(name, known):
-                    fresh[name] = origin
-        if not fresh:
-            break
-        learned.update(fresh)
-    if cache is not None and key is not None:
-        rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]
-        cache.put_stage(key.hexdigest(), rows)
+
+    def learn() -> dict[str, LearnedFrom]:
+        learned: dict[str, LearnedFrom] = {}
+        fresh = dict(merged)
+        for _ in range(_ROW_ROUNDS):
+            known = names.with_learned({**merged, **learned})
+            needles = [name.lower().encode() for name in fresh]
+            if not needles or not all(needle.isascii() for needle in needles):
+                break
+            relevance = Relevance(known, settings.entry_points)
+            fresh = {}
+            for path in sorted(files_containing(readable, needles, jobs)):
+                text = read_text(path)
+                if text is None or not may_list_rings(text.encode("utf-8", "surrogatepass")):
+                    continue
+                if not relevance.may_hold_finding(text):
+                    continue
+                for name, origin in learn_rings_by_order(text, path, names).items():
+                    if not known.matches(name) and name not in fresh and learnable(name, known):
+                        fresh[name] = origin
+            if not fresh:
+                break
+            learned.update(fresh)
+        return learned
+
+    return _remembered("rows", stamps, merged, cache, learn)
+
+
+def _remembered(
+    stage: str,
+    stamps: Sequence[tuple[str, int, int, int]],
+    merged: dict[str, LearnedFrom],
+    cache: ResultCache | None,
+    learn: Callable[[], dict[str, LearnedFrom]],
+) -> dict[str, LearnedFrom]:
+    """What ``learn`` teaches, remembered in the cache under the stage's name, every file's size
+    and times (what the cache trusts a file's entry by) and the names learned so far."""
+    if cache is None:
+        return learn()
+    taught = sorted((n, o.filename, o.row, taught_by(o)) for n, o in merged.items())
+    key = hashlib.blake2b(repr((stage, sorted(stamps), taught)).encode(), digest_size=12)
+    found, stored = cache.stage(key.hexdigest())
+    if found and isinstance(stored, list):
+        with contextlib.suppress(TypeError, ValueError):
+            return {str(n): learned_from(str(p), int(r), str(t)) for n, p, r, t in stored}
+    learned = learn()
+    rows = [[n, o.filename, o.row, taught_by(o)] for n, o in sorted(learned.items())]
+    cache.put_stage(key.hexdigest(), rows)
     return learned

@@ -61,6 +61,11 @@ def class_body_values(
     return values
 
 
+def is_name(expr: cst.BaseExpression, name: str) -> bool:
+    """Whether ``expr`` is the bare name ``name``."""
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
 def self_attribute(expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` is ``self.<name>``."""
     return (
@@ -261,3 +266,26 @@ def only_statement(line: cst.CSTNode) -> cst.CSTNode:
     if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
         return line.body[0]
     return line
+
+
+def entries_rewritten(scope: cst.CSTNode, name: str) -> bool:
+    """Whether ``scope`` replaces entries of the mapping ``name`` (``name[key] = x``,
+    ``name.update(...)``, ``name.setdefault(...)``)."""
+    stack: list[cst.CSTNode] = [scope]
+    while stack:
+        node = stack.pop()
+        if (
+            isinstance(node, cst.AssignTarget)
+            and isinstance(node.target, cst.Subscript)
+            and is_name(node.target.value, name)
+        ):
+            return True
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and is_name(node.func.value, name)
+            and node.func.attr.value in {"update", "setdefault", "__setitem__"}
+        ):
+            return True
+        stack.extend(syntax_children(node))
+    return False
