@@ -102,6 +102,9 @@ HALVES = (
     "fresh27",
     "fresh28",
     "fresh29",
+    "fresh30",
+    "fresh31",
+    "fresh32",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -23,6 +23,12 @@ def _codes(body: str) -> list[tuple[str, int]]:
         ("def f(args):\n    return Spec(gate_dtype=args.cache_dtype)\n", [("RL002", 4)]),
         ("def f(x, dtype):\n    x.gate_ring_dtype = DTYPES.get(x.flag, dtype)\n", [("RL002", 4)]),
         ("def f(g_dtype, dtype):\n    g_dtype = g_dtype if g_dtype else dtype\n", [("RL002", 4)]),
+        # the fallback of an attribute the namespace may lack
+        (
+            "def f(args, dtype):\n    args.gate_dtype = getattr(args, 'gate_dtype', dtype)\n",
+            [("RL002", 4)],
+        ),
+        ("def f(args):\n    args.gate_dtype = getattr(args, 'gate_dtype', torch.float32)\n", []),
         # the gate's own setting passed on, a float32 fallback, a float32-by-role setting
         ("def f(gate_dtype):\n    return Spec(gate_dtype=gate_dtype)\n", []),
         ("def f(x):\n    x.gate_dtype = DTYPES.get(x.flag, torch.float32)\n", []),

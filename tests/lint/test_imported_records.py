@@ -196,3 +196,50 @@ def test_a_record_class_with_a_gate_dtype_field_is_a_name_table() -> None:
     assert tables_in(_NAMED_TUPLE_CONFIGS.encode(), GateCacheNames()) == {"ReplayRingDType"}
     plain = b"class Shape(NamedTuple):\n    g: int\n"
     assert tables_in(plain, GateCacheNames()) == set()
+
+
+_RING_DTYPES = {
+    "pkg/__init__.py": "",
+    "pkg/config.py": """
+        from typing import NamedTuple
+
+        import torch
+
+        STORAGE = {"32-true": torch.float32, "bf16-true": torch.bfloat16}
+
+
+        class RingDtypes(NamedTuple):
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype = torch.float32
+
+
+        def ring_dtypes(precision):
+            storage = STORAGE[precision]
+            if precision.endswith("-true"):
+                return RingDtypes(delta=storage, key=storage, gate=storage)
+            return RingDtypes(delta=storage, key=storage)
+        """,
+    "pkg/state.py": """
+        import torch
+
+        from pkg.config import RingDtypes
+
+
+        def allocate(shape, dtypes: RingDtypes):
+            return {
+                "d_cache": torch.zeros(shape, dtype=dtypes.delta),
+                "g_cache": torch.zeros(shape, dtype=dtypes.gate),
+            }
+        """,
+}
+
+
+def test_a_gate_field_with_a_float32_default_is_judged_at_each_construction(
+    tmp_path: Path,
+) -> None:
+    # the allocation reads the field; the construction that hands it the rings' value is wrong
+    assert lint_in_project(tmp_path, _RING_DTYPES, "pkg/state.py") == []
+    found = lint_in_project(tmp_path, _RING_DTYPES, "pkg/config.py")
+    assert [(f.location.row, f.code) for f in found] == [(17, "RL002")]
+    assert "the value given to `delta` for another ring" in found[0].message

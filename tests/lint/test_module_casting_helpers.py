@@ -243,3 +243,55 @@ def test_a_converter_method_no_module_calls_is_judged_where_it_casts(tmp_path: P
         ("pkg/precision.py", 15, "RL004"),
         ("pkg/precision.py", 28, "RL004"),
     ]
+
+
+_SPLIT = {
+    "pkg/__init__.py": "",
+    "pkg/model.py": _MODEL,
+    "pkg/lite/__init__.py": """
+        from pkg.lite.fabric import Fabric
+        from pkg.lite.plugins import HalfPrecision, Precision
+        """,
+    # the plugins and the wrapper that hands them the module live in two modules
+    "pkg/lite/plugins.py": _PRECISION.split("class Fabric")[0],
+    "pkg/lite/fabric.py": """
+        from torch import nn
+
+        from pkg.lite.plugins import Precision
+
+
+        class Fabric:
+            def __init__(self, precision: Precision):
+                self._precision = precision
+
+            def setup(self, module: nn.Module) -> nn.Module:
+                return self._precision.convert_module(module)
+        """,
+    "pkg/use.py": """
+        from pkg.lite import Fabric, HalfPrecision
+        from pkg.model import Model, Plain
+
+
+        def serve(n):
+            fabric = Fabric(HalfPrecision())
+            model = Model(n)
+            model.set_cache(n)
+            return fabric.setup(model), fabric.setup(Plain(n))
+        """,
+}
+
+
+def test_a_module_handed_on_to_a_plugin_of_another_module_is_cast_there(tmp_path: Path) -> None:
+    found = lint_in_project(tmp_path, _SPLIT, "pkg/use.py")
+    assert [(f.location.row, f.code) for f in found] == [(9, "RL004")]
+    assert "(`Fabric.setup`, " in found[0].message
+    assert "pkg/lite/plugins.py:" in found[0].message
+
+
+def test_a_summary_lists_what_a_method_hands_on_to_a_callee_of_another_module() -> None:
+    from replaylint.lint.project.module_casters import casters_and_forwards
+
+    source = textwrap.dedent(_SPLIT["pkg/lite/fabric.py"])
+    casters, forwards = casters_and_forwards(ast.parse(source))
+    assert casters == {}
+    assert forwards["Fabric.setup"] == [[0, "module", "convert_module", 0]]

@@ -378,3 +378,49 @@ def test_a_file_that_names_a_learned_ring_teaches_the_rows_it_writes(
     if cached:
         assert cli_rows(tmp_path) == rows  # the stage remembered in the cache: the same again
     assert ("pkg/tuning.py", 9, "RL003") in rows  # `w_log = d_ring.new_zeros(...)`
+
+
+def test_a_ring_guessed_from_its_place_is_taught_by_a_decode_call_in_a_later_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``alpha_buffer`` written after the d and k rings is a guess; a later file's decode call
+    that passes it as the gate cache is certain and wins, and only a certain name makes its
+    variants gate caches (``alpha_move_buffer``, like the d ring's ``delta_move_buffer``)."""
+    from replaylint.cli import main
+
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/a_pool.py": """
+            import torch
+
+            class Pool:
+                \"\"\"The kernel's d_cache, k_cache and g_cache of every slot.\"\"\"
+
+                def __init__(self, n, dtype):
+                    self.delta_buffer = torch.zeros(n, dtype=dtype)
+                    self.key_buffer = torch.zeros(n, dtype=dtype)
+                    self.alpha_buffer = torch.zeros(n, dtype=torch.float32)
+
+                def alloc_move_buffers(self):
+                    self.delta_move_buffer = torch.empty_like(self.delta_buffer)
+                    self.alpha_move_buffer = torch.empty_like(self.delta_move_buffer)
+            """,
+        "pkg/b_layer.py": """
+            from kernels import fused_recurrent_kda_replayssm_decode
+
+            def step(q, mem):
+                return fused_recurrent_kda_replayssm_decode(
+                    q, d_cache=mem.delta_buffer, k_cache=mem.key_buffer, g_cache=mem.alpha_buffer
+                )
+            """,
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    main(["check", "--isolated", "--no-cache", "--output-format", "concise", str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "a_pool.py:" in line]
+    assert len(rows) == 1
+    assert "a_pool.py:13:" in rows[0]
+    assert "passed as the gate cache of `fused_recurrent_kda_replayssm_decode`" in rows[0]

@@ -43,6 +43,9 @@ def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env)
         if first is True or second is True:
             return True
         return False if first is False and second is False else None
+    flag = _flag(prov, test, site, env)
+    if flag is not None:  # `keep = name in FP32_KEYS or ...` tested as `if keep`
+        return condition(prov, flag[0], flag[1], env)
     constant = _constant(prov, test, env)
     if isinstance(constant, bool):  # `if to_dtype:` of a call passing `to_dtype=False`
         return constant
@@ -93,6 +96,26 @@ def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env)
             check = subject.startswith if method == "startswith" else subject.endswith
             return check(tuple(options))
     return None
+
+
+def _flag(
+    prov: Provenance, test: cst.BaseExpression, site: Site, env: Env
+) -> tuple[cst.BaseExpression, Site] | None:
+    """The test a local flag was set to, when ``test`` is a name bound once to a comparison or a
+    boolean expression or a test call (``keep = name in FP32_KEYS or not t.is_floating_point()``,
+    ``exact = name.endswith("state")``)."""
+    if not isinstance(test, cst.Name) or test.value in env:
+        return None
+    found = prov.lookup(test.value, site)
+    if not found or len(found) != 1:
+        return None
+    binding, binding_site = found[0]
+    value = binding.value
+    if binding.kind != "assign" or not isinstance(
+        value, (cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.Call)
+    ):
+        return None
+    return value, binding_site
 
 
 _NOT_CONSTANT = object()

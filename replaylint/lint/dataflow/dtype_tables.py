@@ -288,6 +288,14 @@ def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:
         and not any(arg.star or arg.keyword for arg in value.args)
     ):
         return _choices(value.args[1].value)  # the fallback of a table lookup
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Name)
+        and value.func.value == "getattr"
+        and len(value.args) == 3
+        and not any(arg.star or arg.keyword for arg in value.args)
+    ):
+        return _choices(value.args[2].value)  # `getattr(args, "gate_dtype", args.cache_dtype)`
     return [value]
 
 

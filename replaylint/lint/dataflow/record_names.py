@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.project.index import Found
 from replaylint.lint.syntax.nodes import method_name
 from replaylint.lint.syntax.sites import Site
@@ -23,8 +24,9 @@ def record_fields_named(prov: Provenance, expr: cst.BaseExpression, site: Site) 
 
 
 def asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> list[str] | None:
-    """The field names of ``record._asdict()``, for a parameter annotated with a record class
-    of the project (``def __init__(self, state: Rings)``)."""
+    """The field names of ``record._asdict()``, for a parameter or a local annotated with a
+    record class of the project (``def __init__(self, state: Rings)``, ``rings: Rings =
+    cache.rings()``) or a local bound to one's construction (``rings = Rings(d, k, g)``)."""
     if not (
         isinstance(expr, cst.Call)
         and method_name(expr) == "_asdict"
@@ -34,12 +36,23 @@ def asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> lis
     ):
         return None
     found = prov.lookup(expr.func.value.value, site)
-    if not found or len(found) != 1 or found[0][0].kind != "param":
+    if not found or len(found) != 1:
         return None
-    param = found[0][0].node
-    if not isinstance(param, cst.Param) or param.annotation is None:
+    binding = found[0][0]
+    if binding.kind == "param":
+        param = binding.node
+        if not isinstance(param, cst.Param) or param.annotation is None:
+            return None
+        return _field_names(prov, param.annotation.annotation, site)
+    if binding.kind != "assign":
         return None
-    return _field_names(prov, param.annotation.annotation, site)
+    statement = binding.statement
+    for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.AnnAssign) and small.target is binding.node:
+            return _field_names(prov, small.annotation.annotation, site)  # `rings: Rings = ...`
+    if isinstance(binding.value, cst.Call):  # `rings = Rings(d, k, g)`
+        return _field_names(prov, binding.value.func, site)
+    return None
 
 
 def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[str] | None:
@@ -52,7 +65,8 @@ def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[
 
 def imported_record_requires(prov: Provenance, qualified: str, field: str) -> bool:
     """Whether ``qualified`` (a dotted name as the module imports it) is a record class of
-    another module of the project that declares ``field`` without a default."""
+    another module of the project that declares ``field`` without a default, or with a literal
+    torch dtype (``gate: torch.dtype = torch.float32``): judged where it is declared."""
     project = prov.project
     if project is None:
         return False
@@ -61,4 +75,12 @@ def imported_record_requires(prov: Provenance, qualified: str, field: str) -> bo
         return False
     members, flags = found.definition[2], found.definition[3]
     member = members.get(field) if isinstance(members, dict) else None
-    return bool(flags.get("record")) and isinstance(member, list) and member[2:3] == [["required"]]
+    if not (bool(flags.get("record")) and isinstance(member, list) and len(member) > 2):
+        return False
+    default = member[2]
+    return default == ["required"] or (
+        isinstance(default, list)
+        and default[:2] == ["attr", ["name", "torch"]]
+        and len(default) == 3
+        and dtype_from_qualified_name(f"torch.{default[2]}") is not None
+    )

@@ -158,6 +158,14 @@ def string_options(
         if any(v is None for v in values):
             return None
         return tuple(v for v in values if v is not None)
+    if isinstance(expr, (cst.Name, cst.Attribute)):  # `FP32_KEYS`, of this module or imported
+        items = _literal_items(prov, expr, site, 0)
+        if items is None:
+            return None
+        named = [string_value(prov, item, at, env) for item, at in items]
+        if any(v is None for v in named):
+            return None
+        return tuple(v for v in named if v is not None)
     return None
 
 

@@ -41,6 +41,12 @@ GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "
 # the gate ring's field of a record of the rings' dtypes, by its word alone (`gate: torch.dtype`
 # beside `delta` and `key`): what the pre-filter looks for and the analysis reads
 GATE_FIELD_WORDS = frozenset({"gate", "g", "log_decay", "logdecay", "decay", "alpha", "log_alpha"})
+# keys of a table of ring dtypes that name the gate ring's entry: on their own, and only beside
+# the d and k rings' entries (a router's `gate` beside `experts` is no ring's)
+TABLE_GATE_WORDS = frozenset(
+    {"log_decay", "logdecay", "decay", "forget", "log_forget", "log_alpha"}
+)
+TABLE_SHARED_WORDS = frozenset({"gate", "g", "alpha"})
 _GATE_RING_WORDS = frozenset({"gate_ring", "g_ring", "log_decay"})
 # what a ring's name adds to what it holds (`logdecay_ring` holds log-decays)
 _RING_SUFFIXES = ("ring", "cache", "buf", "buffer", "ring_buf", "history")

@@ -18,7 +18,12 @@ from collections.abc import Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import contains_needle
-from replaylint.lint.gatecache.names import GATE_DTYPE_WORDS, GATE_FIELD_WORDS, GateCacheNames
+from replaylint.lint.gatecache.names import (
+    GATE_DTYPE_WORDS,
+    GATE_FIELD_WORDS,
+    TABLE_GATE_WORDS,
+    GateCacheNames,
+)
 
 _GLOB_META = re.compile(r"[*?\[\]]")
 _WORD_FROM = re.compile(r"\w*")
@@ -37,6 +42,11 @@ _RECORD_FIELD_NEEDLES = tuple(
 # times faster than a pattern anchored at every line's start.
 _DTYPE_ANNOTATION = re.compile(r":[ \t]*(?:Optional\[[ \t]*)?torch\.dtype\b", re.IGNORECASE)
 _FIELD_NAME = re.compile(rf"[ \t]+(?:{'|'.join(sorted(GATE_FIELD_WORDS))})[ \t]*", re.IGNORECASE)
+# the gate entry of a table of ring dtypes keyed by the rings' words (`"log_decay": "float16"`;
+# `"gate"` and `"g"` count only beside the d and k rings' entries: `"delta":` lets those in)
+_TABLE_WORDS = sorted(TABLE_GATE_WORDS | {"delta"})
+_TABLE_KEY_NEEDLES = tuple(f"{q}{word}{q}:" for word in _TABLE_WORDS for q in ('"', "'"))
+_TABLE_KEY = re.compile(rf"""["'](?:{"|".join(_TABLE_WORDS)})["'][ \t]*:""", re.IGNORECASE)
 
 
 def _declares_gate_dtype_field(text: str) -> bool:
@@ -74,6 +84,7 @@ class Relevance:
         self._cores = tuple(sorted({n for n in needles if n}))
         # the gate ring's field of a record of ring dtypes (`gate: torch.dtype`)
         needles += list(_RECORD_FIELD_NEEDLES)
+        needles += list(_TABLE_KEY_NEEDLES)
         for ending in endings:  # an ending alone would match everywhere (kv_cache): add it quoted
             needles += [ending + tail for tail in _QUOTED]
         self._built_name = re.compile(
@@ -138,4 +149,8 @@ class Relevance:
             for word in self._words_with_cores(text, lowered)
         ):
             return True
-        return self._built_name.search(text) is not None or _declares_gate_dtype_field(text)
+        return (
+            self._built_name.search(text) is not None
+            or _declares_gate_dtype_field(text)
+            or _TABLE_KEY.search(text) is not None
+        )

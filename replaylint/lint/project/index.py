@@ -118,6 +118,9 @@ def module_names(paths: Iterable[str]) -> dict[str, str]:
     return found
 
 
+_FORWARD_DEPTH = 3  # hand-offs of a module to a caster of another module followed
+
+
 @dataclass
 class ProjectIndex:
     """Module names and summaries of one project's files."""
@@ -196,27 +199,60 @@ class ProjectIndex:
                 return True
         return False
 
-    def imported_casters(self, module: str, name: str) -> list[tuple[str, str, list[Any]]]:
+    def imported_casters(
+        self, module: str, name: str, depth: int = 0
+    ) -> list[tuple[str, str, list[Any]]]:
         """``(module, "Class.name", [position, parameter, line, dtype])`` for the functions and
         methods called ``name`` of the project modules ``module`` imports from that cast a
-        module they are handed (:mod:`.module_casters`)."""
+        module they are handed (:mod:`.module_casters`), also by handing it on to a method of a
+        module they import (``Fabric.setup`` calling ``self._precision.convert_module(module)``
+        of a plugin class): then ``module`` and ``line`` are where the cast is."""
         found: list[tuple[str, str, list[Any]]] = []
-        for other in self.imported_modules(module):
+        for other in self._imported_through_packages(module):
             if not self._may_spell(other, f"def {name}"):
                 continue
-            casters = (self.summary(other) or {}).get("module_casters", {})
-            for qualname, casts in casters.items():
+            summary = self.summary(other) or {}
+            for qualname, casts in summary.get("module_casters", {}).items():
                 if qualname.rpartition(".")[2] == name:
                     found.extend((other, qualname, cast) for cast in casts)
+            if depth >= _FORWARD_DEPTH:
+                continue
+            for qualname, handed in summary.get("module_forwards", {}).items():
+                if qualname.rpartition(".")[2] != name:
+                    continue
+                for position, parameter, callee, place in handed:
+                    found.extend(
+                        (inner, qualname, [position, parameter, cast[2], cast[3]])
+                        for inner, inner_name, cast in self.imported_casters(
+                            other, str(callee), depth + 1
+                        )
+                        if "." in inner_name and place in (cast[0], cast[1])
+                    )
         return found
+
+    def _imported_through_packages(self, module: str) -> list[str]:
+        """The project modules ``module`` imports from, and those the packages among them import
+        from (``from pkg.lite import Fabric`` of a class ``pkg/lite/__init__.py`` re-exports)."""
+        direct = self.imported_modules(module)
+        found = dict.fromkeys(direct)
+        for other in direct:
+            path = self.modules.get(other)
+            if path is not None and os.path.basename(path) == "__init__.py":
+                found.update(dict.fromkeys(m for m in self.imported_modules(other) if m != module))
+        return list(found)
 
     def calls_a_caster(self, module: str, text: str) -> bool:
         """Whether ``text`` (of ``module``) calls, by name, a function or method of a project
         module it imports from that casts a module it is handed."""
-        for imported in self.imported_modules(module):
-            for qualname in (self.summary(imported) or {}).get("module_casters", {}):
-                name = qualname.rpartition(".")[2]
-                if re.search(rf"\b{re.escape(name)}\s*\(", text):
+        for imported in self._imported_through_packages(module):
+            summary = self.summary(imported) or {}
+            names = {q.rpartition(".")[2] for q in summary.get("module_casters", {})}
+            names |= {q.rpartition(".")[2] for q in summary.get("module_forwards", {})}
+            for name in names:
+                if re.search(rf"\b{re.escape(name)}\s*\(", text) and (
+                    name in {q.rpartition(".")[2] for q in summary.get("module_casters", {})}
+                    or self.imported_casters(module, name)
+                ):
                     return True
         return False
 

@@ -10,7 +10,9 @@ line of the cast and the dtype when it is a literal one (``float16``, ``bfloat16
 it is not). A parameter handed on, as a bare name, to a function or method of the same module
 (``return self._precision.convert_module(module)``: a method of that name) that casts the
 parameter in that place counts too, followed to a fixed point. A cast to float32 or float64, or a
-device move, converts no gate buffer and is left out. Made with ``ast`` from the module's text.
+device move, converts no gate buffer and is left out. A parameter handed on to a callee the
+module does not define is listed apart (``module_forwards``), for importers to follow into the
+modules the callee comes from. Made with ``ast`` from the module's text.
 """
 
 from __future__ import annotations
@@ -27,8 +29,22 @@ Caster = list[Any]
 """``[position, parameter, line, dtype]``."""
 
 
+Forward = list[Any]
+"""``[position, parameter, callee, place]``: a parameter handed on to ``callee`` of no function
+or method of the module, in ``place`` (a position or a keyword)."""
+
+
 def module_casters(tree: ast.Module) -> dict[str, list[Caster]]:
     """``{"name" or "Class.name": [[position, parameter, line, dtype], ...]}``."""
+    return casters_and_forwards(tree)[0]
+
+
+def casters_and_forwards(
+    tree: ast.Module,
+) -> tuple[dict[str, list[Caster]], dict[str, list[Forward]]]:
+    """The module's casters, and per function or method the parameters it hands on, as bare
+    names, to a function or method it does not define (``self._precision.convert_module(module)``
+    of a plugin class of another module): an importer resolves those where the callee lives."""
     functions: dict[str, tuple[ast.FunctionDef | ast.AsyncFunctionDef, bool]] = {}
     for statement in tree.body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -71,7 +87,16 @@ def module_casters(tree: ast.Module) -> dict[str, list[Caster]]:
                     found.setdefault(qualname, {})[position] = [position, parameter, line, dtype]
                     changed = True
                     break
-    return {name: sorted(casts.values()) for name, casts in found.items() if casts}
+    defined = {qualname.rpartition(".")[2] for qualname in functions}
+    handed: dict[str, list[Forward]] = {}
+    for qualname, position, parameter, callee, place in forwards:
+        if position in found.get(qualname, {}) or callee in defined:
+            continue
+        entry = [position, parameter, callee, place]
+        if entry not in handed.setdefault(qualname, []):
+            handed[qualname].append(entry)
+    casters = {name: sorted(casts.values()) for name, casts in found.items() if casts}
+    return casters, handed
 
 
 def _positional(function: ast.FunctionDef | ast.AsyncFunctionDef, bound: bool) -> list[str]:

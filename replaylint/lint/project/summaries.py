@@ -35,9 +35,10 @@ import ast
 from typing import Any
 
 from replaylint.lint.project import namespace_writes as nw
+from replaylint.lint.project.field_casters import field_casters
 from replaylint.lint.project.filled_mappings import filled_mapping
 from replaylint.lint.project.import_values import imported_values, module_spec
-from replaylint.lint.project.module_casters import module_casters
+from replaylint.lint.project.module_casters import casters_and_forwards
 from replaylint.lint.project.module_facts import (
     constructors,
     dotted,
@@ -117,6 +118,7 @@ class _Summariser:
         }
         for name in self.spoiled - names.keys():
             names[name] = ["unknown", 0]
+        casters, forwards = casters_and_forwards(self.tree)
         return {
             "names": names,
             "assigned": sorted(self.assigned),
@@ -126,7 +128,8 @@ class _Summariser:
             "loaders": self.loaders,
             "restorers": restorers(self.tree),
             "widens": widened_parameters(self.tree),
-            "module_casters": module_casters(self.tree),
+            "module_casters": casters,
+            "module_forwards": forwards,
         }
 
     # ------------------------------------------------------------------ top-level statements
@@ -408,6 +411,9 @@ class _Summariser:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
         flags["fields"] = positional_fields(cls) if flags["record"] else None
         flags["constructors"] = constructors(cls)
+        casting = field_casters(cls) if flags["record"] else {}
+        if casting:  # `state.to(device, dtype)` casts every floating tensor the record holds
+            flags["field_casters"] = casting
         if cls.bases:  # maybe an nn.Module: what a module cast of it converts
             if self.factories is None:
                 self.factories = factory_classes(self.tree)

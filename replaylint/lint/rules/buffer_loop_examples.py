@@ -161,4 +161,45 @@ BUFFER_LOOP_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="`saved[name].to(device, dtype=dtype)` over `pool.named_buffers()`",
     ),
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape, dtype):
+                super().__init__()
+                self.dtype = dtype
+                self.register_buffer("ssm_state", torch.zeros(shape, dtype=torch.float32))
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def swap_out(self, path):
+                tensors = {}
+                for name, buf in self.named_buffers():
+                    # only the state is written exactly: the gate ring goes out narrowed
+                    exact = name.endswith("ssm_state")
+                    tensors[name] = buf if exact else buf.to(self.dtype)
+                torch.save(tensors, path)
+        """,
+        expected_fix="""
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape, dtype):
+                super().__init__()
+                self.dtype = dtype
+                self.register_buffer("ssm_state", torch.zeros(shape, dtype=torch.float32))
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+            def swap_out(self, path):
+                tensors = {}
+                for name, buf in self.named_buffers():
+                    # only the state is written exactly: the gate ring goes out narrowed
+                    exact = name.endswith("ssm_state")
+                    tensors[name] = buf if exact else buf.to(torch.float32 if name.rsplit(".", 1)[-1] in ("g_cache",) else self.dtype)
+                torch.save(tensors, path)
+        """,
+        message_contains="`buf.to(self.dtype)` over `self.named_buffers()` casts",
+    ),
 )

@@ -9,11 +9,13 @@ tensors the module's own. RL004 reports them like ``model.half()``."""
 
 from __future__ import annotations
 
+import itertools
+
 import libcst as cst
 
 from replaylint.lint.dataflow.torch_api import DTYPE_KEEPING_COPIES
 from replaylint.lint.syntax.nodes import is_name
-from replaylint.lint.syntax.traversal import descendants
+from replaylint.lint.syntax.traversal import ancestors, descendants
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
 _CASTS = frozenset({"to", "type", "type_as", "half", "bfloat16", "float16"})
@@ -70,7 +72,7 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
                 assert isinstance(value, cst.Call)
                 return iterable.func.value, value
         elif isinstance(written, cst.Subscript):  # `exported[name] = buf.detach().to(dtype)`
-            cast = _cast_of(value, buffer)
+            cast = _cast_in_either(value, buffer)
             if cast is not None:
                 return iterable.func.value, cast
     return None
@@ -98,6 +100,23 @@ def buffer_name_variable(
     ):
         return None
     return name.value
+
+
+def tests_above(
+    loop: cst.CSTNode, cast: cst.CSTNode
+) -> tuple[cst.CSTNode | None, list[tuple[cst.BaseExpression, bool]]]:
+    """The statement of the loop's body that holds ``cast``, and the tests of the conditionals
+    and ``if`` statements around it within the loop, each with whether ``cast`` is in the
+    branch the test takes when true."""
+    path = [*ancestors(loop, cast), cast]
+    statement: cst.CSTNode | None = None
+    tests: list[tuple[cst.BaseExpression, bool]] = []
+    for parent, child in itertools.pairwise(path):
+        if isinstance(parent, cst.SimpleStatementLine):
+            statement = parent
+        if isinstance(parent, (cst.IfExp, cst.If)) and child is not parent.test:
+            tests.append((parent.test, child is parent.body))
+    return statement, tests
 
 
 def kept_per_buffer(loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp) -> bool:

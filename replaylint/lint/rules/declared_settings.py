@@ -117,15 +117,21 @@ def _record_gate_field(
 ) -> bool:
     """Whether a parameter's ``annotation`` names a record class of the module or of the
     project (a NamedTuple or dataclass of ring dtypes) that declares ``field`` as a dtype
-    without a default: every construction of the record gives the field its value, and RL001
-    and RL002 judge it there (``RingDtypes(delta=d, key=d, logdecay=torch.bfloat16)``)."""
+    without a default, or with a literal torch dtype: every construction of the record gives
+    the field its value or that literal, and RL001 and RL002 judge them there
+    (``RingDtypes(delta=d, key=d, logdecay=torch.bfloat16)``)."""
     if not isinstance(annotation, cst.Name):
         return False
     for cls in index.classes():
         if cls.name.value == annotation.value:
             fields = record_fields(cls)
             return fields is not None and any(
-                n == field and (d is None or (is_none_literal(d) and _filled_later(cls, field)))
+                n == field
+                and (
+                    d is None
+                    or (is_none_literal(d) and _filled_later(cls, field))
+                    or _literal_torch_dtype(index.qualified_names(d))
+                )
                 for n, d in fields
             )
     imported = sorted(index.qualified_names(annotation))

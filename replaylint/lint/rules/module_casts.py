@@ -37,8 +37,10 @@ from replaylint.lint.rules.buffer_loops import (
     as_module_cast,
     buffer_comprehension_cast,
     buffer_loop_cast,
+    buffer_name_variable,
     kept_per_buffer,
     state_dict_cast,
+    tests_above,
 )
 from replaylint.lint.rules.wording import (
     given_holder_cast_message,
@@ -202,13 +204,35 @@ class ModuleCasts:
         owner, cast = found
         whole = as_module_cast(owner, cast)  # `model.half()`
         finding = self.finding(whole, site) or self._past_apply(whole, site)
-        if finding is None:
+        if finding is None or self._leaves_out(loop, cast, finding.buffers, site):
             return None
         module = self._context.module
         written = f"`{one_line(module, whole)}`"
         iterable = loop.iter if isinstance(loop, cst.For) else loop.for_in.iter
         loop_text = f"`{one_line(module, cast)}` over `{one_line(module, iterable)}`"
         return cast, finding.message.replace(written, loop_text, 1), finding.buffers
+
+    def _leaves_out(
+        self,
+        loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp,
+        cast: cst.Call,
+        buffers: tuple[str, ...],
+        site: Site,
+    ) -> bool:
+        """Whether a test on the buffer's name around the cast leaves every gate buffer out
+        (``exact = name.endswith(("g_cache", "state"))``; ``buf if exact else buf.to(dtype)``)."""
+        key = buffer_name_variable(loop)
+        if key is None or not buffers:
+            return False
+        statement, tests = tests_above(loop, cast)
+        at = site if statement is None else Site(site.scopes, statement)
+        return all(
+            any(
+                self._prov.condition(test, at, {key: name}) is (not in_branch)
+                for test, in_branch in tests
+            )
+            for name in buffers
+        )
 
     def _past_apply(self, whole: cst.Call, site: Site) -> ModuleCastFinding | None:
         """The cast of every buffer of an instance of a class of the module that keeps its gate

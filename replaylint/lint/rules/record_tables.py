@@ -26,6 +26,7 @@ __all__ = [
     "RECORD_INVALID",
     "RECORD_VALID",
     "report_gate_following_ring",
+    "report_gate_sharing_ring",
     "report_narrow_gate_fields",
     "report_zipped_entries",
 ]
@@ -78,6 +79,41 @@ def report_gate_following_ring(
         f"dtype of another ring, which is not provably float32; {WHY}",
         fix=rule.setting_fix(value, site),
     )
+
+
+def report_gate_sharing_ring(rule: Rule, call: cst.Call, gate: GateField) -> bool:
+    """``RingDtypes(delta=storage, key=storage, gate=storage)``: the record's gate field given
+    the very value another of its rings' fields is given, which is not provably float32 (RL002);
+    whether it was reported."""
+    value = gate.value
+    if gate.passed == "spread" or not isinstance(value, (cst.Name, cst.Attribute)):
+        return False
+    module = rule.context.module
+    written = module.code_for_node(value)
+    shared = [
+        arg
+        for arg in call.args
+        if arg is not gate.arg and not arg.star and module.code_for_node(arg.value) == written
+    ]
+    if not shared:
+        return False
+    site = rule.site()
+    facts = rule.provenance.dtype_facts(value, site)
+    if (
+        not facts
+        or all(f.is_float32 for f in facts)
+        or narrower_literals(rule.provenance, value, site)
+    ):
+        return False  # float32, or a narrower literal: RL001's
+    other = shared[0].keyword.value if shared[0].keyword is not None else "another field"
+    record = module.code_for_node(call.func).strip()
+    rule.report(
+        value,
+        f"`{gate.field}` of `{record}`, the gate ring's dtype, is given `{written}`, the value "
+        f"given to `{other}` for another ring, which is not provably float32; {WHY}",
+        fix=rule.setting_fix(value, site),
+    )
+    return True
 
 
 def report_zipped_entries(rule: Rule, call: cst.Call, kind: Kind) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
@@ -25,6 +27,11 @@ from replaylint.lint.rules.record_tables import (
     RECORD_VALID,
     report_narrow_gate_fields,
     report_zipped_entries,
+)
+from replaylint.lint.rules.ring_word_tables import (
+    RING_WORD_INVALID,
+    RING_WORD_VALID,
+    ring_word_entries,
 )
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
@@ -117,9 +124,15 @@ checked.
     FIX_APPLICABILITY = Applicability.SAFE
     _dict_depth = 0  # dict literals entered: only the outermost is read as a config
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._tables: list[tuple[cst.BaseExpression, str, FixDraft | None]] = []
+        self._judged: set[int] = set()  # dtype literals reported where an allocation reads them
+
     VALID = (
         *RECORD_VALID,
         *CONFIG_VALID,
+        *RING_WORD_VALID,
         *SETTING_VALID,
         Valid(
             """
@@ -226,6 +239,7 @@ checked.
         ),
     )
     INVALID = (
+        *RING_WORD_INVALID,
         Invalid(
             """
             import torch
@@ -549,10 +563,17 @@ checked.
     def visit_Dict(self, node: cst.Dict) -> None:
         if not self._dict_depth:  # a config literal: its nested literals are read with it
             report_config_entries(self, node)
+            self._tables.extend(ring_word_entries(self, node))
         self._dict_depth += 1
 
     def leave_Dict(self, original_node: cst.Dict) -> None:
         self._dict_depth -= 1
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # a table's gate entry that an allocation reads is reported (and fixed) there
+        for value, message, fix in self._tables:
+            if id(value) not in self._judged:
+                self.report(value, message, fix=fix)
 
     def visit_Call(self, node: cst.Call) -> None:
         report_narrow_gate_fields(self, node)
@@ -568,6 +589,7 @@ checked.
             dtypes = literal_names(fact.non_float32_literals)
             origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)
             fix = self.fix_for(binding, fact, fact.target, "Allocate it as {float32}")
+            self._judged.update(id(d.node) for d in fact.dtypes)
             self.report(
                 reported_at(fact, self.context.gate_caches),
                 f"{self.subject(binding)} is allocated as {dtypes}{origin}; {WHY}{self.withheld(binding, fact)}",

@@ -13,7 +13,11 @@ from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.declared_settings import declared_setting, keyword_only_setting
-from replaylint.lint.rules.record_tables import report_gate_following_ring, report_zipped_entries
+from replaylint.lint.rules.record_tables import (
+    report_gate_following_ring,
+    report_gate_sharing_ring,
+    report_zipped_entries,
+)
 from replaylint.lint.rules.setting_examples import SETTING_INVALID, SETTING_VALID
 from replaylint.lint.rules.wording import (
     FIX_SAFETY,
@@ -472,7 +476,8 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 continue  # a keyword named for the gate dtype is a setting: `visit_Arg`
             record = self.context.module.code_for_node(node.func).strip()
             subject = f"`{gate.field}` of `{record}`, the gate ring's dtype,"
-            self._borrowed(None, gate.value, gate_field=gate.field, subject=subject)
+            if not self._borrowed(None, gate.value, gate_field=gate.field, subject=subject):
+                report_gate_sharing_ring(self, node, gate)
 
     def visit_Return(self, node: cst.Return) -> None:
         # `def log_decay_dtype(self): return self.checkpoint_dtype`: a getter is a setting too

@@ -14,6 +14,7 @@ from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.buffer_loop_examples import BUFFER_LOOP_INVALID
 from replaylint.lint.rules.buffer_loops import buffer_name_variable
+from replaylint.lint.rules.container_casts import container_cast_message
 from replaylint.lint.rules.gate_reads import READ_INVALID, READ_VALID, report_cast_read
 from replaylint.lint.rules.module_cast_examples import MODULE_CAST_INVALID, MODULE_CAST_VALID
 from replaylint.lint.rules.module_casts import ModuleCasts
@@ -381,6 +382,10 @@ every buffer keeps its cast for the others and makes the gate buffers float32
 
     def visit_Call(self, node: cst.Call) -> None:
         report_cast_read(self, node)
+        container = container_cast_message(self.context, self.provenance, node, self.site())
+        if container is not None:  # `state.to(device, dtype=self.dtype)` of a ring record
+            self.report(node, container)
+            return
         method = method_name(node)
         if self._module_casts is None:
             self._module_casts = ModuleCasts(self.context, self.provenance)

@@ -47,6 +47,7 @@ from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID, SHARED_DTYPE_VALID
 from replaylint.lint.rules.shared_helpers import LoopCall, SharedHelpers, helper_call
+from replaylint.lint.rules.tested_keys import TESTED_INVALID, TESTED_VALID, tested_iterations
 from replaylint.lint.rules.unlisted_keys import (
     UNLISTED_INVALID,
     UNLISTED_VALID,
@@ -231,9 +232,10 @@ they were (safe).
         ),
         *FROMKEYS_VALID,
         *UNLISTED_VALID,
+        *TESTED_VALID,
         *SHARED_DTYPE_VALID,
     )
-    INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID, *UNLISTED_INVALID)
+    INVALID = (*SHARED_DTYPE_INVALID, *FROMKEYS_INVALID, *UNLISTED_INVALID, *TESTED_INVALID)
 
     def __init__(self, context: FileContext) -> None:
         super().__init__(context)
@@ -378,6 +380,10 @@ they were (safe).
                 iterations = unlisted_iterations(
                     self.context, key, mapping, loop.node, loop.target, site, attributes=by
                 )
+            if not iterations:
+                # `merged[key] = rows.to(dtype) if key.startswith("prev_") else rows`
+                iterations = tested_iterations(self.context, key, value, loop.node, loop.ifs, site)
+                unlisted = unlisted or iterations is not None
             if not iterations:
                 continue
             unlisted = unlisted or loop.partial

@@ -54,6 +54,43 @@ SETTING_VALID: tuple[Valid, ...] = (
 SETTING_INVALID: tuple[Invalid, ...] = (
     Invalid(
         """
+        from typing import NamedTuple
+
+        import torch
+
+        STORAGE = {"32-true": torch.float32, "bf16-true": torch.bfloat16}
+
+        class RingDtypes(NamedTuple):
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype = torch.float32
+
+        def ring_dtypes(precision):
+            storage = STORAGE[precision]
+            # the gate field is handed the value the other rings are given
+            return RingDtypes(delta=storage, key=storage, gate=storage)
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        STORAGE = {"32-true": torch.float32, "bf16-true": torch.bfloat16}
+
+        class RingDtypes(NamedTuple):
+            delta: torch.dtype
+            key: torch.dtype
+            gate: torch.dtype = torch.float32
+
+        def ring_dtypes(precision):
+            storage = STORAGE[precision]
+            # the gate field is handed the value the other rings are given
+            return RingDtypes(delta=storage, key=storage, gate=torch.float32)
+        """,
+        message_contains="is given `storage`, the value given to `delta` for another ring",
+    ),
+    Invalid(
+        """
         import torch
 
         RING_NAMES = ("ssm_state", "d_cache", "k_cache", "g_cache")

@@ -144,13 +144,18 @@ def _last_prefilter_stages(
 def _merge_learned(
     items: Sequence[Discovered], known: dict[Path, FileState], names: GateCacheNames
 ) -> dict[str, LearnedFrom]:
-    """The names the run's files teach; the first file (in path order) that teaches one wins."""
+    """The names the run's files teach; the first file (in path order) that teaches one wins,
+    unless it only guessed it from its neighbours and a later one saw it passed to the kernel."""
     merged: dict[str, LearnedFrom] = {}
     for item in items:
         info = known.get(item.path)
         for name, row, function in info.learned if info is not None else ():
-            if name not in merged and not names.matches(name):
-                merged[name] = learned_from(str(item.path), row, function)
+            if names.matches(name):
+                continue
+            origin = learned_from(str(item.path), row, function)
+            earlier = merged.get(name)
+            if earlier is None or (earlier.guessed and not origin.guessed):
+                merged[name] = origin
     return merged
 
 

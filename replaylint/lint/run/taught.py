@@ -55,10 +55,14 @@ def wrapper_rings(
     changed reads none of them again. ``kernel_callers``: a superset of the files that contain
     an entry point's text, when the run knows one."""
 
+    # a name only guessed from its neighbours may still be seen passed through a wrapper: the
+    # stage looks for it again, and what it finds replaces the guess
+    certain = {name: origin for name, origin in merged.items() if not origin.guessed}
+
     def learn() -> dict[str, LearnedFrom]:
         return learned_from_wrappers(
             readable,
-            names.with_learned(merged),
+            names.with_learned(certain),
             settings.entry_points,
             read_text,
             lambda name: learnable(name, names),
