@@ -50,6 +50,8 @@ def record_cast(prov: Provenance, call: cst.Call, site: Site) -> RecordCast | No
     func = call.func
     if view is None or not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
         return None
+    if not any(_dtype_like(arg) for arg in call.args):
+        return None  # no dtype passed: nothing is cast (asked first, before any lookup)
     named = _receiver_class(prov, func.value, site)
     qualified = sorted(prov.index.qualified_names(named)) if named is not None else []
     if len(qualified) != 1:
@@ -82,6 +84,20 @@ def record_cast(prov: Provenance, call: cst.Call, site: Site) -> RecordCast | No
     )
     where = f"{view.index.path_of(found.module)}:{line}"
     return RecordCast(found.name, where, fields, arg.value, facts)
+
+
+def _dtype_like(arg: cst.Arg) -> bool:
+    """``dtype=...``, ``torch.bfloat16``, ``self.param_dtype``: an argument that may be a dtype."""
+    if arg.keyword is not None:
+        return "dtype" in arg.keyword.value
+    value = arg.value
+    name = value.attr.value if isinstance(value, cst.Attribute) else None
+    if isinstance(value, cst.Name):
+        name = value.value
+    return name is not None and ("dtype" in name.lower() or name in _TORCH_DTYPES)
+
+
+_TORCH_DTYPES = frozenset({"float16", "half", "bfloat16", "float32", "float", "float64"})
 
 
 def _receiver_class(

@@ -43,10 +43,16 @@ _RECORD_FIELD_NEEDLES = tuple(
 _DTYPE_ANNOTATION = re.compile(r":[ \t]*(?:Optional\[[ \t]*)?torch\.dtype\b", re.IGNORECASE)
 _FIELD_NAME = re.compile(rf"[ \t]+(?:{'|'.join(sorted(GATE_FIELD_WORDS))})[ \t]*", re.IGNORECASE)
 # the gate entry of a table of ring dtypes keyed by the rings' words (`"log_decay": "float16"`;
-# `"gate"` and `"g"` count only beside the d and k rings' entries: `"delta":` lets those in)
+# `"gate"`, `"g"` and `"alpha"` count only after a d ring's entry, `"delta": ...`), its value a
+# dtype's name or a torch dtype
 _TABLE_WORDS = sorted(TABLE_GATE_WORDS | {"delta"})
 _TABLE_KEY_NEEDLES = tuple(f"{q}{word}{q}:" for word in _TABLE_WORDS for q in ('"', "'"))
-_TABLE_KEY = re.compile(rf"""["'](?:{"|".join(_TABLE_WORDS)})["'][ \t]*:""", re.IGNORECASE)
+_DTYPE_VALUE = r"""[ \t]*:[ \t]*(?:["'][\w.]+["']|torch\.\w+)"""
+_TABLE_KEY = re.compile(
+    rf"""["'](?:{"|".join(sorted(TABLE_GATE_WORDS))})["']{_DTYPE_VALUE}"""
+    rf"""|["']delta["'][ \t]*:[^}}]{{0,300}}["'](?:gate|g|alpha)["']{_DTYPE_VALUE}""",
+    re.IGNORECASE,
+)
 
 
 def _declares_gate_dtype_field(text: str) -> bool:

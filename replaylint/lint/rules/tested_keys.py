@@ -12,6 +12,7 @@ A test that only leaves names out (``key != "prev_state"``) selects nothing and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 import libcst as cst
@@ -26,6 +27,7 @@ __all__ = ["TESTED_INVALID", "TESTED_VALID", "tested_iterations"]
 
 # a key no test that selects rings by name lets through
 _NO_RING = "__replaylint_no_ring__"
+_QUOTED_WORD = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_]*)["']""")
 
 
 def tested_iterations(
@@ -82,8 +84,9 @@ def _tests(
     for test in ifs:
         yield test.test
     statement = site.statement
-    if isinstance(loop, cst.For) and statement is not None:
-        for node in ancestors(loop, statement):
+    body = loop.body.body if isinstance(loop, cst.For) else ()
+    if isinstance(loop, cst.For) and statement is not None and statement not in body:
+        for node in ancestors(loop, statement):  # a write nested in the loop's `if`s
             if isinstance(node, cst.If):
                 yield node.test
 
@@ -97,14 +100,9 @@ def _gate_strings(context: FileContext) -> set[str]:
     key = ("gate-strings", 0)
     found = context.memo.get(key)
     if not isinstance(found, frozenset):
-        names = {
-            node.evaluated_value
-            for node in descendants(context.module)
-            if isinstance(node, cst.SimpleString)
-            and isinstance(node.evaluated_value, str)
-            and context.gate_caches.matches(node.evaluated_value)
-        }
-        found = context.memo[key] = frozenset(names)
+        source = context.source if context.source is not None else context.module.code
+        words = {match.group(1) for match in _QUOTED_WORD.finditer(source)}
+        found = context.memo[key] = frozenset(w for w in words if context.gate_caches.matches(w))
     return set(found)
 
 
