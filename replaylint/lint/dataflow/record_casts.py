@@ -100,9 +100,7 @@ def _dtype_like(arg: cst.Arg) -> bool:
 _TORCH_DTYPES = frozenset({"float16", "half", "bfloat16", "float32", "float", "float64"})
 
 
-def _receiver_class(
-    prov: Provenance, receiver: cst.Name, site: Site
-) -> cst.BaseExpression | None:
+def _receiver_class(prov: Provenance, receiver: cst.Name, site: Site) -> cst.BaseExpression | None:
     """The class ``receiver`` is an instance of, as this module writes it: a parameter's
     annotation, or the class a construction bound to it calls."""
     found = prov.lookup(receiver.value, site)
