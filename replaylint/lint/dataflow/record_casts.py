@@ -2,8 +2,8 @@
 instance of a project record class whose ``to`` casts every floating tensor it holds
 (:mod:`replaylint.lint.project.field_casters`).
 
-The receiver's class is known from a parameter's annotation (``state: ReplayState``) or from a
-construction bound to it; the dtype is the argument the call passes for the method's dtype
+The receiver's class is known from a parameter's or a local's annotation (``state:
+ReplayState``) or from a construction bound to it (:func:`.record_names.bound_class`); the dtype is the argument the call passes for the method's dtype
 parameter. A float32 (or integer) dtype converts nothing; which of the record's fields are gate
 rings is the caller's question.
 """
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.facts import DtypeFact
+from replaylint.lint.dataflow.record_names import bound_class
 from replaylint.lint.project.index import Found
-from replaylint.lint.syntax.annotations import annotated_name
 from replaylint.lint.syntax.nodes import is_none_literal, keyword_arg, positional_args
 from replaylint.lint.syntax.sites import Site
 
@@ -52,7 +52,7 @@ def record_cast(prov: Provenance, call: cst.Call, site: Site) -> RecordCast | No
         return None
     if not any(_dtype_like(arg) for arg in call.args):
         return None  # no dtype passed: nothing is cast (asked first, before any lookup)
-    named = _receiver_class(prov, func.value, site)
+    named = bound_class(prov, func.value, site)
     qualified = sorted(prov.index.qualified_names(named)) if named is not None else []
     if len(qualified) != 1:
         return None
@@ -98,20 +98,3 @@ def _dtype_like(arg: cst.Arg) -> bool:
 
 
 _TORCH_DTYPES = frozenset({"float16", "half", "bfloat16", "float32", "float", "float64"})
-
-
-def _receiver_class(prov: Provenance, receiver: cst.Name, site: Site) -> cst.BaseExpression | None:
-    """The class ``receiver`` is an instance of, as this module writes it: a parameter's
-    annotation, or the class a construction bound to it calls."""
-    found = prov.lookup(receiver.value, site)
-    if not found or len(found) != 1:
-        return None
-    binding = found[0][0]
-    if binding.kind == "param":
-        param = binding.node
-        if not isinstance(param, cst.Param) or param.annotation is None:
-            return None
-        return annotated_name(param.annotation)
-    if binding.kind == "assign" and isinstance(binding.value, cst.Call):
-        return binding.value.func
-    return None

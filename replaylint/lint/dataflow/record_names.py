@@ -9,6 +9,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
 from replaylint.lint.project.index import Found
+from replaylint.lint.syntax.annotations import annotated_name
 from replaylint.lint.syntax.nodes import method_name
 from replaylint.lint.syntax.sites import Site
 
@@ -35,7 +36,15 @@ def asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> lis
         and isinstance(expr.func.value, cst.Name)
     ):
         return None
-    found = prov.lookup(expr.func.value.value, site)
+    cls = bound_class(prov, expr.func.value, site)
+    return None if cls is None else _field_names(prov, cls, site)
+
+
+def bound_class(prov: Provenance, name: cst.Name, site: Site) -> cst.BaseExpression | None:
+    """The class ``name``'s one binding says it is an instance of: a parameter's or a local's
+    annotation (``state: ReplayState``, ``Optional["Rings"]``), or the callee of a construction
+    bound to it (``rings = Rings(d, k, g)``: a class only if the caller finds one there)."""
+    found = prov.lookup(name.value, site)
     if not found or len(found) != 1:
         return None
     binding = found[0][0]
@@ -43,16 +52,14 @@ def asdict_fields(prov: Provenance, expr: cst.BaseExpression, site: Site) -> lis
         param = binding.node
         if not isinstance(param, cst.Param) or param.annotation is None:
             return None
-        return _field_names(prov, param.annotation.annotation, site)
+        return annotated_name(param.annotation)
     if binding.kind != "assign":
         return None
     statement = binding.statement
     for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
         if isinstance(small, cst.AnnAssign) and small.target is binding.node:
-            return _field_names(prov, small.annotation.annotation, site)  # `rings: Rings = ...`
-    if isinstance(binding.value, cst.Call):  # `rings = Rings(d, k, g)`
-        return _field_names(prov, binding.value.func, site)
-    return None
+            return annotated_name(small.annotation)  # `rings: Rings = cache.rings()`
+    return binding.value.func if isinstance(binding.value, cst.Call) else None
 
 
 def _field_names(prov: Provenance, cls: cst.BaseExpression, site: Site) -> list[str] | None:

@@ -20,6 +20,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.strings import Iteration, string_options
 from replaylint.lint.rules.base import Invalid, Valid
+from replaylint.lint.syntax.nodes import read_count
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import ancestors, descendants
 
@@ -45,7 +46,7 @@ def tested_iterations(
     variable = key.value
     # `restored and key.startswith("prev_")`: the parts that read the key decide which keys
     tests = [
-        [part for part in _conjuncts(t) if _reads(part, variable)]
+        [part for part in _conjuncts(t) if read_count(part, variable) > 0]
         for t in _tests(value, loop, ifs, site)
     ]
     tests = [parts for parts in tests if parts]
@@ -89,10 +90,6 @@ def _tests(
         for node in ancestors(loop, statement):  # a write nested in the loop's `if`s
             if isinstance(node, cst.If):
                 yield node.test
-
-
-def _reads(node: cst.CSTNode, variable: str) -> bool:
-    return any(isinstance(n, cst.Name) and n.value == variable for n in descendants(node))
 
 
 def _gate_strings(context: FileContext) -> set[str]:
