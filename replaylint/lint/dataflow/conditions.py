@@ -29,6 +29,14 @@ def condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) 
         prov.leave()
 
 
+def leaves_out(
+    prov: Provenance, tests: list[tuple[cst.BaseExpression, bool]], site: Site, env: Env
+) -> bool:
+    """Whether one of ``tests`` (each with the branch that holds the code: see
+    :func:`~replaylint.lint.syntax.traversal.branch_tests`) is decided against it by ``env``."""
+    return any(condition(prov, test, site, env) is (not in_branch) for test, in_branch in tests)
+
+
 def _condition(prov: Provenance, test: cst.BaseExpression, site: Site, env: Env) -> bool | None:
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         inner = condition(prov, test.expression, site, env)

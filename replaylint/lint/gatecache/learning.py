@@ -92,11 +92,7 @@ def learn_gate_cache_names(
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
-            earlier = learned.get(name)
-            # a call that passes the name outranks a guess from its place
-            if (earlier is None or (earlier.guessed and not origin.guessed)) and learnable(
-                name, patterns
-            ):
+            if origin.outranks(learned.get(name)) and learnable(name, patterns):
                 learned[name] = origin
     return learned
 

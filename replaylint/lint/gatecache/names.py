@@ -73,6 +73,11 @@ class LearnedFrom:
         the d and k rings) rather than from a call that passes it as the gate cache."""
         return self.reason.startswith((NAMED_LIKE, WRITTEN_AFTER))
 
+    def outranks(self, earlier: LearnedFrom | None) -> bool:
+        """Whether this origin replaces ``earlier``: none yet, or a guess from the name's place
+        that a call passing it as the gate cache outranks."""
+        return earlier is None or (earlier.guessed and not self.guessed)
+
     def describe(self) -> str:
         if self.reason:
             return self.reason

@@ -246,12 +246,11 @@ class ProjectIndex:
         module it imports from that casts a module it is handed."""
         for imported in self._imported_through_packages(module):
             summary = self.summary(imported) or {}
-            names = {q.rpartition(".")[2] for q in summary.get("module_casters", {})}
-            names |= {q.rpartition(".")[2] for q in summary.get("module_forwards", {})}
-            for name in names:
+            casting = {q.rpartition(".")[2] for q in summary.get("module_casters", {})}
+            handing = {q.rpartition(".")[2] for q in summary.get("module_forwards", {})}
+            for name in casting | handing:
                 if re.search(rf"\b{re.escape(name)}\s*\(", text) and (
-                    name in {q.rpartition(".")[2] for q in summary.get("module_casters", {})}
-                    or self.imported_casters(module, name)
+                    name in casting or self.imported_casters(module, name)
                 ):
                     return True
         return False

@@ -9,13 +9,11 @@ tensors the module's own. RL004 reports them like ``model.half()``."""
 
 from __future__ import annotations
 
-import itertools
-
 import libcst as cst
 
 from replaylint.lint.dataflow.torch_api import DTYPE_KEEPING_COPIES
 from replaylint.lint.syntax.nodes import is_name
-from replaylint.lint.syntax.traversal import ancestors, descendants
+from replaylint.lint.syntax.traversal import ancestors, branch_tests, descendants
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
 _CASTS = frozenset({"to", "type", "type_as", "half", "bfloat16", "float16"})
@@ -109,14 +107,8 @@ def tests_above(
     and ``if`` statements around it within the loop, each with whether ``cast`` is in the
     branch the test takes when true."""
     path = [*ancestors(loop, cast), cast]
-    statement: cst.CSTNode | None = None
-    tests: list[tuple[cst.BaseExpression, bool]] = []
-    for parent, child in itertools.pairwise(path):
-        if isinstance(parent, cst.SimpleStatementLine):
-            statement = parent
-        if isinstance(parent, (cst.IfExp, cst.If)) and child is not parent.test:
-            tests.append((parent.test, child is parent.body))
-    return statement, tests
+    lines = [node for node in path if isinstance(node, cst.SimpleStatementLine)]
+    return (lines[-1] if lines else None), branch_tests(path)
 
 
 def kept_per_buffer(loop: cst.For | cst.DictComp | cst.ListComp | cst.GeneratorExp) -> bool:

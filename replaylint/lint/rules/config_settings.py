@@ -20,7 +20,13 @@ from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.wording import WHY, literal_names
 from replaylint.lint.syntax.nodes import literal_string
 
-__all__ = ["CONFIG_INVALID", "CONFIG_VALID", "report_config_entries", "report_string_setting"]
+__all__ = [
+    "CONFIG_INVALID",
+    "CONFIG_VALID",
+    "report_config_entries",
+    "report_string_setting",
+    "string_fix",
+]
 
 
 def report_string_setting(rule: Rule, name: str, value: cst.BaseExpression) -> bool:
@@ -34,7 +40,7 @@ def report_string_setting(rule: Rule, name: str, value: cst.BaseExpression) -> b
         value,
         f'`{name}`, named for the gate cache\'s dtype, is set to "{text}" ({literal_names([dtype])}); '
         f"{WHY}",
-        fix=_string_fix(value, float32_spelling(text)),
+        fix=string_fix(value, float32_spelling(text)),
     )
     return True
 
@@ -76,11 +82,11 @@ def report_config_entries(rule: Rule, root: cst.Dict) -> None:
             entry.value,
             f'`{entry.key}`, named for the gate cache\'s dtype, is set to "{text}" '
             f"({through}{literal_names([entry.dtype])}); {WHY}",
-            fix=_string_fix(entry.value, spelled),
+            fix=string_fix(entry.value, spelled),
         )
 
 
-def _string_fix(value: cst.BaseExpression, spelled: str) -> FixDraft | None:
+def string_fix(value: cst.BaseExpression, spelled: str) -> FixDraft | None:
     """The string rewritten to name float32, in its own quotes: unsafe, as for any setting
     (whatever else reads it sees float32 too)."""
     if not isinstance(value, cst.SimpleString):

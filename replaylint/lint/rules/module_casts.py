@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.conditions import leaves_out
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.given_submodules import given_gate_holder
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
@@ -226,13 +227,7 @@ class ModuleCasts:
             return False
         statement, tests = tests_above(loop, cast)
         at = site if statement is None else Site(site.scopes, statement)
-        return all(
-            any(
-                self._prov.condition(test, at, {key: name}) is (not in_branch)
-                for test, in_branch in tests
-            )
-            for name in buffers
-        )
+        return all(leaves_out(self._prov, tests, at, {key: name}) for name in buffers)
 
     def _past_apply(self, whole: cst.Call, site: Site) -> ModuleCastFinding | None:
         """The cast of every buffer of an instance of a class of the module that keeps its gate

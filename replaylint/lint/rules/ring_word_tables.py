@@ -16,11 +16,11 @@ import libcst as cst
 
 from replaylint.lint.dataflow.dtype_strings import float32_spelling, string_dtype
 from replaylint.lint.dataflow.torch_api import dtype_from_qualified_name
-from replaylint.lint.fixes.drafts import FixDraft, Replace
+from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.names import TABLE_GATE_WORDS, TABLE_SHARED_WORDS
 from replaylint.lint.gatecache.siblings import D_WORDS, K_WORDS
-from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.config_settings import string_fix
 from replaylint.lint.rules.wording import WHY, literal_names
 from replaylint.lint.syntax.nodes import literal_string
 from replaylint.lint.syntax.traversal import descendants
@@ -111,11 +111,7 @@ def _fix(rule: Rule, value: cst.BaseExpression, text: str | None) -> FixDraft | 
     entry sees float32)."""
     if text is None:
         return rule.setting_fix(value, rule.site())
-    if not isinstance(value, cst.SimpleString):
-        return None
-    spelled = float32_spelling(text)
-    edit = Replace(value, f"{value.prefix}{value.quote}{spelled}{value.quote}")
-    return FixDraft(f'Make it "{spelled}"', (edit,), Applicability.UNSAFE)
+    return string_fix(value, float32_spelling(text))
 
 
 RING_WORD_VALID: tuple[Valid, ...] = (

@@ -22,7 +22,7 @@ from replaylint.lint.dataflow.strings import Iteration, string_options
 from replaylint.lint.rules.base import Invalid, Valid
 from replaylint.lint.syntax.nodes import read_count
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import ancestors, descendants
+from replaylint.lint.syntax.traversal import ancestors, branch_tests, descendants
 
 __all__ = ["TESTED_INVALID", "TESTED_VALID", "tested_iterations"]
 
@@ -87,9 +87,8 @@ def _tests(
     statement = site.statement
     body = loop.body.body if isinstance(loop, cst.For) else ()
     if isinstance(loop, cst.For) and statement is not None and statement not in body:
-        for node in ancestors(loop, statement):  # a write nested in the loop's `if`s
-            if isinstance(node, cst.If):
-                yield node.test
+        # a write nested in the loop's `if`s
+        yield from (t for t, _ in branch_tests([*ancestors(loop, statement), statement]))
 
 
 def _gate_strings(context: FileContext) -> set[str]:

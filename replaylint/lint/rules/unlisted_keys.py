@@ -16,21 +16,20 @@ fix is the loop's conditional one (``torch.float32 if name == "g_cache" else dty
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.conditions import leaves_out
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.records import positional_fields
 from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.rules.base import Invalid, Valid
 from replaylint.lint.syntax.nodes import binding_name, dotted_name, string_key
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import ancestors, descendants
+from replaylint.lint.syntax.traversal import ancestors, branch_tests, descendants
 
 __all__ = [
     "UNLISTED_INVALID",
@@ -273,22 +272,7 @@ def _excluded(
     prov: Provenance, loop: cst.CSTNode, site: Site, statement: cst.CSTNode, env: Iteration
 ) -> bool:
     """Whether an ``if`` between ``loop`` and ``statement`` leaves the iteration ``env`` out."""
-    for test, in_body in _tests_on_the_way(loop, statement):
-        decided = prov.condition(test, site, env)
-        if decided is not None and decided is not in_body:
-            return True
-    return False
-
-
-def _tests_on_the_way(
-    root: cst.CSTNode, statement: cst.CSTNode
-) -> Iterator[tuple[cst.BaseExpression, bool]]:
-    """The ``if`` tests that enclose ``statement`` below ``root``, each with whether the
-    statement is in its body (rather than its ``else``)."""
-    path = [*ancestors(root, statement), statement]
-    for parent, child in itertools.pairwise(path):
-        if isinstance(parent, cst.If):
-            yield parent.test, child is parent.body
+    return leaves_out(prov, branch_tests([*ancestors(loop, statement), statement]), site, env)
 
 
 def _names(target: cst.BaseExpression) -> set[str]:

@@ -153,8 +153,7 @@ def _merge_learned(
             if names.matches(name):
                 continue
             origin = learned_from(str(item.path), row, function)
-            earlier = merged.get(name)
-            if earlier is None or (earlier.guessed and not origin.guessed):
+            if origin.outranks(merged.get(name)):
                 merged[name] = origin
     return merged
 

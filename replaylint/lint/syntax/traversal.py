@@ -11,6 +11,7 @@ statements, arguments, targets before values) and skips formatting tokens. Retur
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -177,6 +178,17 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = stack.pop()
         yield current
         stack.extend(reversed(syntax_children(current)))
+
+
+def branch_tests(path: Sequence[cst.CSTNode]) -> list[tuple[cst.BaseExpression, bool]]:
+    """The tests of the ``if`` statements and conditional expressions on ``path`` (nodes from an
+    outer one down to a target, as :func:`ancestors` gives them, then the target) that decide
+    whether the target runs, each with whether it is in the branch taken when the test holds."""
+    return [
+        (parent.test, child is parent.body)
+        for parent, child in itertools.pairwise(path)
+        if isinstance(parent, (cst.If, cst.IfExp)) and child is not parent.test
+    ]
 
 
 def ancestors(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
