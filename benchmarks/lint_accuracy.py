@@ -105,6 +105,9 @@ HALVES = (
     "fresh30",
     "fresh31",
     "fresh32",
+    "fresh33",
+    "fresh34",
+    "fresh35",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -454,3 +455,206 @@ def test_a_dtype_tuple_held_by_an_instance_is_judged_where_it_is_looked_up(
     found = lint_in_project(tmp_path, files, "pkg/engine.py")
     assert [(f.location.row, f.code) for f in found] == [(17, "RL001")]
     assert "may be set to torch.bfloat16 (from `RING_DTYPES` at " in found[0].message
+
+
+_PRECISION = """
+import torch
+
+MIXED_PRECISION_TO_DTYPE = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def rollout_cache_dtypes(mixed_precision, model_dtype):
+    if mixed_precision == "no":
+        return model_dtype, model_dtype, torch.float32
+    compute = MIXED_PRECISION_TO_DTYPE[mixed_precision]
+    return compute, compute, compute
+
+
+def kept_cache_dtypes(mixed_precision, model_dtype):
+    if mixed_precision == "no":
+        return model_dtype, model_dtype, torch.float32
+    compute = MIXED_PRECISION_TO_DTYPE[mixed_precision]
+    return compute, compute, torch.float32
+"""
+
+_ACCELERATOR = """
+class Accelerator:
+    def __init__(self, mixed_precision="no"):
+        self.mixed_precision = mixed_precision
+"""
+
+_TRAINER = """
+import torch
+
+from pkg.accelerate import Accelerator
+from pkg.utils import kept_cache_dtypes, rollout_cache_dtypes
+
+
+class Trainer:
+    def __init__(self, mixed_precision, pool_cls):
+        self.accelerator = Accelerator(mixed_precision)
+        delta_dtype, key_dtype, decay_dtype = rollout_cache_dtypes(self.accelerator.mixed_precision, torch.bfloat16)
+        self.pool = pool_cls(delta_dtype, key_dtype, gate_dtype=decay_dtype)
+
+    def spare(self, pool_cls):
+        delta_dtype, key_dtype, decay_dtype = kept_cache_dtypes(self.accelerator.mixed_precision, torch.bfloat16)
+        return pool_cls(delta_dtype, key_dtype, gate_dtype=decay_dtype)
+"""
+
+
+def test_a_local_bound_once_in_a_branching_helper_is_read_at_its_return(
+    tmp_path: Path,
+) -> None:
+    # `compute` is bound once, then returned under a test on the mode; the mode of the call is
+    # an attribute of an instance of a project class that its constructor sets from an
+    # argument, so any entry of the table may be the one returned
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/accelerate.py": _ACCELERATOR,
+        "pkg/utils.py": _PRECISION,
+        "pkg/trainer.py": _TRAINER,
+    }
+    found = lint_in_project(tmp_path, files, "pkg/trainer.py")
+    assert [(f.code, f.location.row) for f in found] == [("RL001", 10)]
+    assert "`decay_dtype`, named for the gate cache's dtype, may be set to" in found[0].message
+    assert "torch.bfloat16 or torch.float16" in found[0].message
+
+
+_TEXT_SETTINGS = """
+import os
+
+import torch
+
+STR_TO_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def transfer_dtypes(default="bfloat16"):
+    ring_dtype = os.environ.get("KV_TRANSFER_DTYPE", default)
+    decay_dtype = os.environ.get("KV_TRANSFER_DECAY_DTYPE", ring_dtype)
+    return STR_TO_DTYPE[ring_dtype], STR_TO_DTYPE[decay_dtype]
+
+
+def short_names():
+    cache_dtype = os.environ.get("RING_DTYPE", "bf16")
+    gate_dtype = os.environ.get("GATE_DTYPE", cache_dtype)
+    return STR_TO_DTYPE[gate_dtype]
+"""
+
+
+def test_a_setting_that_holds_a_dtype_name_is_fixed_with_a_name(tmp_path: Path) -> None:
+    # the text is parsed later: `torch.float32` in its place would fail at `STR_TO_DTYPE[...]`
+    torch = pytest.importorskip("torch")
+    found = Linter().check(_TEXT_SETTINGS)
+    assert [(f.code, f.location.row) for f in found] == [("RL002", 11), ("RL002", 17)]
+    fixed = Linter().fix(_TEXT_SETTINGS, unsafe=True).source
+    assert 'os.environ.get("KV_TRANSFER_DECAY_DTYPE", "float32")' in fixed
+    assert 'os.environ.get("GATE_DTYPE", "fp32")' in fixed
+    namespace: dict[str, object] = {}
+    exec(compile(fixed, "fixed.py", "exec"), namespace)
+    assert namespace["transfer_dtypes"]() == (torch.bfloat16, torch.float32)  # type: ignore[operator]
+    assert namespace["short_names"]() == torch.float32  # type: ignore[operator]
+
+
+def test_a_dtype_table_of_the_gate_entry_beside_entries_kept_as_they_are() -> None:
+    # `None`: keep the buffer's own dtype; the gate buffer's entry is a dtype written out
+    source = """
+        class PinnedSlotCache:
+            storage_dtypes = {"ssm_state": None, "g_cache": None}
+
+        class CompactSlotCache(PinnedSlotCache):
+            storage_dtypes = {"ssm_state": None, "g_cache": torch.float16}
+
+        NOT_A_TABLE = {"ssm_state": None, "g_cache": make_ring()}
+        """
+    found = _codes(textwrap.dedent(source))
+    assert found == [("RL001", 8)]
+
+
+def test_a_wire_format_field_that_names_the_gate_dtype_as_text() -> None:
+    source = """
+        from dataclasses import dataclass
+
+        @dataclass(frozen=True)
+        class WireFormat:
+            delta: str = "bfloat16"
+            key: str = "bfloat16"
+            g_cache: str = "float32"
+
+        @dataclass(frozen=True)
+        class HalfWireFormat(WireFormat):
+            delta: str = "float16"
+            key: str = "float16"
+            g_cache: str = "float16"
+        """
+    found = Linter().check(f"import torch\n\n{textwrap.dedent(source)}")
+    assert [(f.code, f.location.row) for f in found] == [("RL001", 16)]
+    assert '"float16" (torch.float16)' in found[0].message
+    fixed = Linter().fix(f"import torch\n\n{textwrap.dedent(source)}", unsafe=True).source
+    assert 'g_cache: str = "float32"\n' in fixed.split("HalfWireFormat")[1]
+
+
+def test_a_dtype_picked_by_a_setting_of_the_gate_is_judged_at_that_setting() -> None:
+    # `opt.decay_dtype` is the gate's own setting: where it is declared and set decides
+    source = """
+        STR2DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+        class Cache:
+            def __init__(self, shape, decay_dtype=torch.float32):
+                self.decay_dtype = decay_dtype
+                self.g_cache = torch.zeros(shape, dtype=self.decay_dtype)
+
+        def from_opt(opt, shape):
+            return Cache(shape, decay_dtype=STR2DTYPE[opt.decay_dtype])
+
+        """
+    assert _codes(textwrap.dedent(source)) == []
+    # a mode that is no setting of the gate: the keyword is reported where it picks the entry
+    other = textwrap.dedent(source) + (
+        "\ndef from_mode(opt, shape):\n    return Cache(shape, decay_dtype=STR2DTYPE[opt.mode])\n"
+    )
+    row = 3 + other.splitlines().index("    return Cache(shape, decay_dtype=STR2DTYPE[opt.mode])")
+    assert ("RL002", row) in _codes(other)
+
+
+def test_a_gate_setting_picked_through_another_modules_table_is_judged_there(
+    tmp_path: Path,
+) -> None:
+    # the table's entries are read through the project index (literal dtypes, RL001's kind);
+    # the constructor's keyword is picked by `opt.decay_dtype`, judged where that is declared
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/misc.py": """
+            import torch
+
+            STR2DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+            def str2dtype(name):
+                return STR2DTYPE[name]
+            """,
+        "pkg/decoder.py": """
+            import torch
+
+            from pkg import misc
+
+            class Decoder:
+                def __init__(self, shape, decay_dtype=torch.float32):
+                    self.decay_dtype = decay_dtype
+                    self.shape = shape
+
+                @classmethod
+                def from_opt(cls, opt):
+                    return cls(opt.shape, decay_dtype=misc.str2dtype(opt.decay_dtype))
+
+                def init_state(self):
+                    return {"g_cache": torch.zeros(self.shape, dtype=self.decay_dtype)}
+
+            def from_mode(opt):
+                return Decoder(opt.shape, decay_dtype=misc.str2dtype(opt.mode))
+            """,
+    }
+    found = lint_in_project(tmp_path / "with_mode", files, "pkg/decoder.py")
+    rows = [f.location.row for f in found]
+    assert 13 not in rows  # `from_opt`: `opt.decay_dtype` picks it
+    assert 18 in rows  # `from_mode`: a mode that is no setting of the gate
+    files["pkg/decoder.py"] = files["pkg/decoder.py"].split("            def from_mode")[0]
+    assert lint_in_project(tmp_path / "without", files, "pkg/decoder.py") == []

@@ -412,3 +412,81 @@ def test_every_default_name_has_its_qualified_form() -> None:
         for base in ("g_cache", "gate_cache", "gate_ring", "replayssm_g")
     )
     assert not any(names.matches(n) for n in ("replayssm_gate_bias", "padding_replayssm_d"))
+
+
+_RECORD = """
+from typing import NamedTuple
+
+import torch
+
+
+class ReplayRings(NamedTuple):
+    state: torch.Tensor
+    d_cache: torch.Tensor
+    k_cache: torch.Tensor
+    g_cache: torch.Tensor
+    write_pos: torch.Tensor
+
+    @classmethod
+    def from_cache(cls, c):
+        return cls(c["ssm_state"], c["delta_mem"], c["key_mem"], c["log_forget"], c["write_pos"])
+
+
+def rings_of(pool):
+    return ReplayRings(pool.state, pool.delta, pool.key, pool.forget_ring, pool.pos)
+
+
+def spread(parts):
+    return ReplayRings(*parts)
+"""
+
+
+def test_a_record_filled_by_position_teaches_what_its_gate_field_is_given() -> None:
+    learned = learn_gate_cache_names([("rings.py", _RECORD)], DEFAULT_ENTRY_POINTS)
+    assert {name: origin.row for name, origin in learned.items()} == {
+        "log_forget": 16,
+        "forget_ring": 20,
+    }
+    assert learned["log_forget"].describe() == (
+        "passed as the gate cache of `ReplayRings(g_cache=...)` at rings.py:16"
+    )
+
+
+def test_a_dtype_in_a_table_keyed_by_the_rings_is_no_ring() -> None:
+    source = 'DTYPES = {"d_cache": torch.bfloat16, "g_cache": torch.float32}\n'
+    assert learn_gate_cache_names([("m.py", source)], DEFAULT_ENTRY_POINTS) == {}
+
+
+def test_what_a_learned_name_is_handed_is_learned_the_round_after() -> None:
+    from replaylint.lint.gatecache.learning import learn_handed_names
+
+    cache = textwrap.dedent(
+        """
+        class SlotCache:
+            def layer_cache(self):
+                return {"delta_mem": self.delta_buf, "log_forget": self.forget_buf}
+        """
+    )
+    known = GateCacheNames().with_learned({"log_forget": LearnedFrom("rings.py", 15, "f")})
+    learned = learn_handed_names(cache, "cache.py", known)
+    assert list(learned) == ["forget_buf"]
+    assert learn_handed_names(cache, "cache.py", GateCacheNames()) == {}
+
+
+def test_a_run_learns_through_a_record_and_the_mapping_that_fills_it(tmp_path: Path) -> None:
+    from project_support import cli_rows, write_tree
+
+    cache = """
+    import torch
+
+
+    class SlotCache(torch.nn.Module):
+        def __init__(self, shape):
+            super().__init__()
+            self.register_buffer("forget_buf", torch.zeros(shape))
+
+        def layer_cache(self):
+            return {"ssm_state": None, "log_forget": self.forget_buf}
+    """
+    write_tree(tmp_path, {"pkg/__init__.py": "", "pkg/rings.py": _RECORD, "pkg/cache.py": cache})
+    assert ("pkg/cache.py", 7, "RL003") in cli_rows(tmp_path, "--no-cache", "pkg")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from project_support import lint_in_project
+from project_support import cli_rows, lint_in_project, write_tree
 
 from replaylint.lint.engine import Linter
 from replaylint.lint.model import Finding
@@ -338,3 +338,37 @@ def test_a_restore_of_listed_buffers_undoes_the_cast_it_runs_with() -> None:
                     restore_fp32_buffers(self.module)
         """
     assert _rows(_check(source)) == [21]
+
+
+def test_a_container_of_the_modules_a_caller_hands_in(tmp_path: Path) -> None:
+    # SpeechBrain's `Brain`: `self.modules = nn.ModuleDict(modules)` of whatever the recipe
+    # passes; the project's modules hold a gate buffer, so a cast of the container converts it
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/cache.py": _CACHE,
+        "pkg/brain.py": """
+            import torch
+            from typing import Dict, Optional
+
+            class Brain:
+                def __init__(self, modules=None, device="cpu"):
+                    self.modules = torch.nn.ModuleDict(modules).to(device)
+
+                def on_evaluate_start(self, fp16):
+                    if fp16:
+                        self.modules.half()
+
+            class Interface:
+                def __init__(self, modules: Optional[Dict[str, torch.nn.Module]], dtype):
+                    self.mods = torch.nn.ModuleDict(modules)
+                    self.mods.to(dtype=dtype)
+
+            class Built:
+                def __init__(self, sizes):
+                    self.layers = torch.nn.ModuleList([torch.nn.Linear(n, n) for n in sizes])
+                    self.layers.half()  # torch layers only: no gate buffer among them
+            """,
+    }
+    write_tree(tmp_path, files)
+    rows = [row for row in cli_rows(tmp_path, "--no-cache", "pkg") if row[0] == "pkg/brain.py"]
+    assert rows == [("pkg/brain.py", 10, "RL004"), ("pkg/brain.py", 15, "RL004")]

@@ -175,3 +175,21 @@ def test_tree_search_splits_long_command_lines(tmp_path: Path) -> None:
     paths = [str(tmp_path / name) for name in names]
     found = needle_search.files_containing(paths, [b"g_cache"], jobs=1)
     assert found == {p for number, p in enumerate(paths) if number % 7 == 0}
+
+
+def test_a_dtype_setting_named_after_a_learned_ring_passes_the_first_stage() -> None:
+    # `forget_dtype` names no gate cache, but a learned `forget_ring` makes it the gate's setting
+    learned = {"forget_ring": LearnedFrom("ops.py", 3, "kda_replayssm_decode")}
+    names = GateCacheNames().with_learned(learned)
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def policy(profile):
+            return Precision(ring_dtype=torch.bfloat16, forget_dtype=torch.bfloat16)
+        """
+    )
+    relevance = Relevance(names, DEFAULT_ENTRY_POINTS)
+    assert relevance.may_hold_finding(source)
+    assert not Relevance(GateCacheNames(), DEFAULT_ENTRY_POINTS).may_hold_finding(source)
+    assert [f.code for f in Linter(gate_caches=names).check(source, "x.py")] == ["RL001"]

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.dtype_records import spread_elements
+from replaylint.lint.dataflow.dtype_strings import string_dtype
 from replaylint.lint.dataflow.facts import DtypeFact, SetDtype, TensorFact, decided
-from replaylint.lint.syntax.nodes import binding_name, read_names
+from replaylint.lint.syntax.nodes import binding_name, literal_string, read_names
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -122,12 +124,26 @@ def _entry_facts(
     if not any(
         _literal_dtype(prov, value, site) or _same_dtype_setting(prov, value, entry)
         for value in others
-    ):
+    ) and not _only_dtypes(prov, entry, others):
         return None
     dtypes = prov.dtype_facts(entry, site)
     if not dtypes:
         return None
     return (decided(dtypes, entry, SetDtype(entry)),)
+
+
+def _only_dtypes(
+    prov: Provenance, entry: cst.BaseExpression, others: list[cst.BaseExpression]
+) -> bool:
+    """``{"ssm_state": None, "g_cache": torch.float16}``: the gate entry a torch dtype written out,
+    every other entry None (keep the tensor's own) or a dtype too."""
+    if literal_dtype(prov.index, entry) is None:
+        return False
+    return all(
+        (isinstance(value, cst.Name) and value.value == "None")
+        or literal_dtype(prov.index, value) is not None
+        for value in others
+    )
 
 
 def _same_dtype_setting(
@@ -188,14 +204,26 @@ def narrower_in(facts: Iterable[DtypeFact]) -> list[str] | None:
 
 def _declared_a_dtype(target: cst.CSTNode, site: Site) -> bool:
     """Whether ``target`` is declared ``<name>: torch.dtype = ...`` in its statement: a field
-    named like the gate cache itself that holds its dtype (``decay_ring: torch.dtype``)."""
+    named like the gate cache itself that holds its dtype (``decay_ring: torch.dtype``); or
+    ``<name>: str = "float16"``, the dtype's name (a wire format's field)."""
     statement = site.statement
     body = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
     return any(
         isinstance(small, cst.AnnAssign)
         and small.target is target
-        and is_dtype_annotation(small.annotation)
+        and (is_dtype_annotation(small.annotation) or _names_a_dtype_as_text(small))
         for small in body
+    )
+
+
+def _names_a_dtype_as_text(declaration: cst.AnnAssign) -> bool:
+    annotation = declaration.annotation.annotation
+    text = literal_string(declaration.value) if declaration.value is not None else None
+    return (
+        isinstance(annotation, cst.Name)
+        and annotation.value == "str"
+        and text is not None
+        and string_dtype(text) is not None
     )
 
 
@@ -297,6 +325,46 @@ def _choices(value: cst.BaseExpression) -> list[cst.BaseExpression]:
     ):
         return _choices(value.args[2].value)  # `getattr(args, "gate_dtype", args.cache_dtype)`
     return [value]
+
+
+def chosen_by_gate_setting(prov: Provenance, dtypes: Iterable[DtypeFact]) -> bool:
+    """Whether every dtype of ``dtypes`` that is not float32 is picked by a setting of the
+    gate's own (``TABLE[opt.decay_dtype]``, ``str2dtype(cfg.gate_dtype)`` passed for it): the
+    choice is that setting's, judged where the setting is declared and set."""
+    narrow = [fact for fact in dtypes if not fact.is_float32]
+    return bool(narrow) and all(
+        _picked_by_gate_setting(prov, fact.node) or _passed_picked(prov, fact) for fact in narrow
+    )
+
+
+def _passed_picked(prov: Provenance, fact: DtypeFact) -> bool:
+    """Whether the call that passes ``fact`` for its parameter passes a value a gate setting
+    picks (``Cache(decay_dtype=str2dtype(opt.decay_dtype))``)."""
+    call, parameter = fact.passed_by, fact.parameter
+    if call is None or not parameter:
+        return False
+    return any(
+        arg.keyword is not None
+        and arg.keyword.value == parameter
+        and _picked_by_gate_setting(prov, arg.value)
+        for arg in call.args
+    )
+
+
+def _picked_by_gate_setting(prov: Provenance, node: cst.BaseExpression) -> bool:
+    """``TABLE[opt.decay_dtype]`` or ``str2dtype(opt.decay_dtype)``: the setting alone picks it
+    (a call given anything else, ``resolve(cfg.decay_dtype, plan)``, may pick another)."""
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        picked = index.value if isinstance(index, cst.Index) else None
+    elif isinstance(node, cst.Call) and len(node.args) == 1 and not node.args[0].star:
+        picked = node.args[0].value
+    else:
+        return False
+    if not isinstance(picked, (cst.Name, cst.Attribute)):
+        return False
+    name = binding_name(picked) or ""
+    return prov.index.gate_caches.names_gate_dtype(name)
 
 
 def _reads_a_gate_setting(prov: Provenance, borrowed: cst.BaseExpression) -> bool:

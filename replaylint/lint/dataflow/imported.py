@@ -80,6 +80,8 @@ class Evaluation:
     node: cst.BaseExpression
     """The expression of the module under analysis that the facts are about."""
     steps: int = 0
+    read_here: set[int] = field(default_factory=set)
+    """The expressions of the module whose string value was looked up in the project."""
 
     def step(self) -> None:
         self.steps += 1
@@ -367,11 +369,16 @@ class Evaluation:
             if text is not None:
                 return text
             # `flags.KV_CACHE_DTYPE_FLAG`: a string constant of a module imported whole
+            if id(target.expr) in self.read_here:
+                raise Unknown  # its value leads back to it: nothing of the project's to read
+            self.read_here.add(id(target.expr))
             written = as_value(self.prov, target.expr, target.site, target.env)
             if written is None or self.prov.project is None:
                 raise Unknown
             return self.string(written, Context(self.prov.project.module))
         if isinstance(target, There):
+            if target.value == value:
+                raise Unknown  # an attribute of an instance that nothing here sets
             return self.string(target.value, target.context)
         if isinstance(target, Found) and target.definition[0] == "value":
             return self.string(target.definition[2], Context(target.module))

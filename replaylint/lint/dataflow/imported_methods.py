@@ -33,7 +33,7 @@ from replaylint.lint.syntax.sites import Site
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-__all__ = ["bound_method", "collection_strings"]
+__all__ = ["bound_method", "collection_strings", "yielded_items"]
 
 _INSTANCES = frozenset({"__instance__", "__bound__", "call"})
 
@@ -101,3 +101,65 @@ def collection_strings(
         return None
     strings = [text for text in texts if isinstance(text, str)]
     return (False, strings) if len(strings) == len(texts) else None
+
+
+def yielded_items(
+    prov: Provenance, call: cst.Call, site: Site
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """The ``(name, tensor)`` items a generator method of a project class yields, as a loop
+    over ``call`` takes them: the tensor read as the receiver's attribute (``pool.g_cache``)
+    where the method yields its own, else unknown (``_``)."""
+    if not isinstance(call.func, cst.Attribute):
+        return None
+    pairs = _yielded_pairs(prov, call, site)
+    if pairs is None:
+        return None
+    receiver = call.func.value
+    return [
+        (
+            cst.Tuple(
+                [
+                    cst.Element(cst.SimpleString(repr(key))),
+                    cst.Element(
+                        cst.Name("_") if attr is None else cst.Attribute(receiver, cst.Name(attr))
+                    ),
+                ]
+            ),
+            site,
+        )
+        for key, attr in pairs
+    ]
+
+
+def _yielded_pairs(
+    prov: Provenance, expr: cst.Call, site: Site
+) -> list[tuple[str, str | None]] | None:
+    """What a generator method of another module's class yields, when every item is a pair
+    whose first element is a string (``yield "state", self.state``): per item, the string and
+    the attribute of ``self`` it yields beside it (None for anything else); None when the
+    method is no such generator (:mod:`replaylint.lint.project.yielded`)."""
+    if prov.project is None:
+        return None
+    evaluation = Evaluation(prov, expr)
+    try:
+        value = as_value(prov, expr, site, {})
+        if value is None or value[0] != "call":
+            return None
+        callee = evaluation.target(value[1], Context(prov.project.module))
+        if not isinstance(callee, There):
+            return None
+        result, context = bound_method(evaluation, callee, value[2], value[3], None)
+        if result[0] != "yields":
+            return None
+        pairs: list[tuple[str, str | None]] = []
+        for item in result[1]:
+            if item[0] != "tuple" or len(item[1]) != 2:
+                return None
+            key = evaluation.string(item[1][0], context)
+            if not isinstance(key, str):
+                return None
+            second = item[1][1]
+            pairs.append((key, str(second[1]) if second[0] == "self" else None))
+    except (Unknown, *MALFORMED):
+        return None
+    return pairs

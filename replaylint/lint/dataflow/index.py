@@ -46,6 +46,7 @@ class ModuleIndex:
         self._call_sites: dict[int, Site] | None = None
         self._assigned: set[str] | None = None
         self._module_assigned: set[str] = set()
+        self._assigned_not_on_self: set[str] = set()
         self._next: dict[int, cst.BaseStatement] | None = None
         self._unassigned: dict[str, bool] = {}
         self._upcast: dict[int, frozenset[str]] = {}
@@ -146,6 +147,16 @@ class ModuleIndex:
         assert self._assigned is not None
         return name in self._assigned or (by_setattr and "*" in self._assigned)
 
+    def assigns_attribute_not_on_self(self, name: str) -> bool:
+        """Whether the module assigns ``<something other than self>.<name>``, or sets
+        attributes by name (``setattr``), anywhere."""
+        if self._assigned is None:
+            if self._never_assigned(name):
+                return False
+            self._collect()
+        assert self._assigned is not None
+        return name in self._assigned_not_on_self or "*" in self._assigned
+
     def assigns_module_attribute(self, name: str) -> bool:
         """Whether the module may rebind the attribute ``name`` of a module object:
         ``policy.WIRE_DTYPE = ...``, or a ``setattr`` on an imported name (a ``setattr`` on a
@@ -191,6 +202,7 @@ class ModuleIndex:
         classes: list[cst.ClassDef] = []
         withs: list[cst.With] = []
         assigned: set[str] = set()
+        not_on_self: set[str] = set()
         setattr_roots: set[str | None] = set()
         imported: set[str] = set()
         following: dict[int, cst.BaseStatement] = {}
@@ -204,6 +216,9 @@ class ModuleIndex:
                 node.target, cst.Attribute
             ):
                 assigned.add(node.target.attr.value)
+                receiver = node.target.value
+                if not (isinstance(receiver, cst.Name) and receiver.value == "self"):
+                    not_on_self.add(node.target.attr.value)
             if isinstance(node, cst.Call):
                 func = node.func
                 name = (
@@ -235,6 +250,7 @@ class ModuleIndex:
         ):
             self._module_assigned.add("*")
         self._calls, self._classes, self._assigned = calls, classes, assigned
+        self._assigned_not_on_self = not_on_self
         self._withs, self._next = withs, following
 
 

@@ -66,6 +66,7 @@ from replaylint.lint.dataflow.facts import (
     definite_dtype,
 )
 from replaylint.lint.dataflow.index import ModuleIndex
+from replaylint.lint.dataflow.init_parameters import constructor_parameter
 from replaylint.lint.dataflow.kwargs import UNKNOWN, DtypeEntries, spreads_dtype
 from replaylint.lint.dataflow.scopes import Binding, GuardEvaluator
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration, bound_in
@@ -246,6 +247,9 @@ class Provenance:
             member = members.attribute_dtype(self, expr, site, env)
             if member is not None and all(f.is_float32 for f in member):
                 return member
+            given = constructor_parameter(self, expr, site)
+            if given is not None:  # `self.decay_dtype = decay_dtype` in `__init__`: the parameter's
+                return self.dtype_facts(given[0], given[1], env)
             return (DtypeFact(None, expr),)
         if isinstance(expr, cst.Call) and "torch.get_default_dtype" in self.index.qualified_names(
             expr.func

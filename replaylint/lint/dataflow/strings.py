@@ -69,6 +69,8 @@ def string_value(
     """The string ``expr`` provably holds (literals, loop variables, f-strings, constants)."""
     if isinstance(expr, cst.SimpleString):
         return literal_string(expr)
+    if isinstance(expr, cst.Attribute) and env and isinstance(key := env.get(_dotted(expr)), str):
+        return key  # `entry.name` of `for entry in meta.entries`, in one iteration
     if isinstance(expr, cst.Name):
         if expr.value in env:
             value = env[expr.value]
@@ -286,6 +288,12 @@ def _literal_items(
                 return None
             rows = zip(*filled, strict=False)
             return [(cst.Tuple([cst.Element(item) for item, _ in row]), site) for row in rows]
+    if prov.project is not None:  # `pool.named_states()`, a generator method of the project
+        from replaylint.lint.dataflow.imported_methods import yielded_items
+
+        pairs = yielded_items(prov, expr, site)
+        if pairs is not None:
+            return pairs
     texts = _project_strings(prov, expr, site)  # `self.model_args.ring_names()`
     if texts is not None:
         return [(cst.SimpleString(repr(t)), site) for t in texts[1]]
@@ -568,3 +576,9 @@ def _class_constant(
     if len(values) != 1 or prov.index.assigns_attribute(name, by_setattr=not on_class):
         return None
     return values[0]
+
+
+def _dotted(expr: cst.Attribute) -> str:
+    """``entry.name`` of a loop variable's attribute: how an iteration may bind it."""
+    value = expr.value
+    return f"{value.value}.{expr.attr.value}" if isinstance(value, cst.Name) else ""

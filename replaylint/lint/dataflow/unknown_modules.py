@@ -9,6 +9,8 @@ receiver is such a module:
 * a name every binding of which is a parameter annotated ``nn.Module`` (``torch.nn.Module``,
   ``Optional[nn.Module]``, ``"nn.Module"``), or the result of a chain of module methods on one
   (``model = model.eval()``);
+* a container of the modules a caller hands in (``self.modules = nn.ModuleDict(modules)``, the
+  parameter unannotated or a plain ``dict`` of modules);
 * ``self`` in a class that a gate-buffer class derives from (a mixin, a base class): its methods
   run on instances of that class;
 * a receiver named ``model`` or ``module`` (``self.module``, ``engine.model``) that nothing
@@ -34,6 +36,7 @@ from replaylint.lint.dataflow.scalars import instance_values
 from replaylint.lint.syntax.annotations import annotated_name
 from replaylint.lint.syntax.nodes import dotted_name, is_name, only_statement
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -42,6 +45,10 @@ _MODULE_TYPES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # what a model is called where nothing else says what it is
 _MODEL_NAMES = frozenset({"model", "module", "net", "network"})
 _MAX_DEPTH = 4
+# containers of whatever modules they are given
+_CONTAINERS = frozenset({"torch.nn.ModuleDict", "torch.nn.ModuleList", "torch.nn.Sequential"})
+_PLAIN_CONTAINERS = frozenset({"dict", "Dict", "Mapping", "MutableMapping", "list", "List"})
+_ANNOTATION_WORDS = frozenset({"Optional", "Union", "None", "str", "nn", "Module", "torch", "Any"})
 
 
 def unknown_module(
@@ -141,6 +148,9 @@ def _unknown(
         and expr.func.attr.value in MODULE_CHAIN
     ):
         return _unknown(prov, expr.func.value, site, bases, seen)
+    if isinstance(expr, cst.Call) and prov.index.qualified_names(expr.func) & _CONTAINERS:
+        # `nn.ModuleDict(modules)` of the modules a caller hands in: any of the project's
+        return bool(expr.args) and all(_handed_in(prov, arg.value, site) for arg in expr.args)
     if isinstance(expr, cst.Call):  # `build_model(config)` of a function `-> nn.Module`
         called = called_function(prov.index, prov, expr, site)
         return called is not None and _builds_a_module(prov, called[0])
@@ -173,6 +183,34 @@ def _unknown(
         else:
             answers.append(False)
     return False if False in answers else (True if True in answers else None)
+
+
+def _handed_in(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:
+    """Whether ``expr`` is a parameter that says nothing of its modules' classes (no
+    annotation, or a plain container of modules)."""
+    if not isinstance(expr, cst.Name):
+        return False
+    found = prov.lookup(expr.value, site)
+    if not found:
+        return False
+    for binding, _ in found:
+        if binding.kind != "param" or not isinstance(binding.node, cst.Param):
+            return False
+        annotation = binding.node.annotation
+        if annotation is not None and not _plain_container(annotation):
+            return False
+    return True
+
+
+def _plain_container(annotation: cst.Annotation) -> bool:
+    """``dict``, ``Dict[str, nn.Module]``, ``Optional[Mapping[...]]``, ``list``: modules of no
+    class in particular."""
+    words = {
+        node.value
+        for node in (annotation.annotation, *descendants(annotation.annotation))
+        if isinstance(node, cst.Name)
+    }
+    return bool(words & _PLAIN_CONTAINERS) and not (words - _PLAIN_CONTAINERS - _ANNOTATION_WORDS)
 
 
 def _builds_a_module(prov: Provenance, function: cst.FunctionDef) -> bool:

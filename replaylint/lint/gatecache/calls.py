@@ -30,6 +30,13 @@ _MAX_ALIASES = 8  # names bound to names followed to reach a sequence
 _TRANSPARENT_METHODS = frozenset(
     {"contiguous", "view", "reshape", "detach", "flatten", "squeeze", "unsqueeze", "cuda", "to"}
 )
+# `torch.float32` in a dtype table keyed by the ring names (`{"g_cache": torch.float32}`) is no ring
+_DTYPE_ATTRIBUTES = frozenset(
+    {
+        "float16", "float32", "float64", "bfloat16", "half", "float", "double", "int8", "int16",
+        "int32", "int64", "uint8", "bool", "long", "complex64", "complex128",
+    }
+)  # fmt: skip
 
 
 def entry_point_of(
@@ -133,7 +140,7 @@ def passed_name(expr: ast.expr) -> str | None:
         if isinstance(expr, ast.Name):
             return expr.id
         if isinstance(expr, ast.Attribute):
-            return expr.attr
+            return None if expr.attr in _DTYPE_ATTRIBUTES else expr.attr
         if isinstance(expr, ast.Subscript):
             key = expr.slice
             if isinstance(key, ast.Constant) and isinstance(key.value, str):

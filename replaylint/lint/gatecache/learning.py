@@ -2,7 +2,8 @@
 
 Real code names its gate ring freely (sglang's ``replayssm_g``, a ``decay_ring`` elsewhere) but
 always hands it to the decode kernel as the gate-cache argument, directly or through a wrapper
-(``layer(x, g_cache=cache.log_alpha)``), a record (``ReplayBuffers(g_cache=ring)``) or a mapping
+(``layer(x, g_cache=cache.log_alpha)``), a record (``ReplayBuffers(g_cache=ring)``, also by
+position: :mod:`.record_positions`) or a mapping
 of keyword arguments (``{"g_cache": cache.log_alpha}``). A cheap first pass over every file of a
 run finds those calls, keywords and keys and learns the name of whatever is passed — the variable,
 an attribute's last part, or a string key — so that the checking pass treats that name as a gate
@@ -33,6 +34,7 @@ from replaylint.lint.gatecache.calls import (
 )
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.record_positions import positional_record_names, record_field_pattern
 from replaylint.lint.gatecache.ring_order import gate_rings_by_order, may_list_rings
 from replaylint.lint.syntax.ast_walk import walk
 from replaylint.lint.syntax.limits import too_large
@@ -41,6 +43,7 @@ __all__ = [
     "TOO_GENERIC_TO_LEARN",
     "entry_point_needles",
     "learn_gate_cache_names",
+    "learn_handed_names",
     "learn_rings_by_order",
     "learnable",
     "learning_needles",
@@ -70,6 +73,7 @@ def learn_gate_cache_names(
     needles = entry_point_needles(entry_points)
     passing = _passing_pattern(patterns)
     aliasing = _alias_pattern(patterns)
+    recording = record_field_pattern(patterns)
     learned: dict[str, LearnedFrom] = {}
     for filename, text in sources:
         calls = (
@@ -78,8 +82,11 @@ def learn_gate_cache_names(
             or _may_teach(passing, text, patterns)
         )
         aliases = aliasing(text)
-        if not (calls or aliases) and not may_list_rings(text.encode("utf-8", "surrogatepass")):
-            continue  # neither a call that teaches, an alias, nor a row of rings
+        records = recording.search(text) is not None
+        if not (calls or aliases or records) and not may_list_rings(
+            text.encode("utf-8", "surrogatepass")
+        ):
+            continue  # neither a call that teaches, an alias, a record, nor a row of rings
         if too_large(text) is not None:  # the checking pass reports it
             continue
         try:
@@ -89,6 +96,7 @@ def learn_gate_cache_names(
         found = [
             *(_names_in(tree, filename, entry_points, patterns) if calls else ()),
             *(_aliased_names(tree, filename, patterns) if aliases else ()),
+            *(positional_record_names(tree, filename, patterns) if records else ()),
             *gate_rings_by_order(tree, filename),
         ]
         for name, origin in found:
@@ -102,6 +110,8 @@ def learnable(name: str, known: GateCacheNames | None) -> bool:
     not one ``known`` matches already."""
     if name.lower() in TOO_GENERIC_TO_LEARN or len(name) <= 2:
         return False
+    if name.lower().endswith("dtype"):
+        return False  # `RingDtypes(logdecay=cfg.torch_dtype)`: a record of dtypes, not rings
     return known is None or not known.matches(name)
 
 
@@ -113,6 +123,27 @@ def learn_rings_by_order(text: str, filename: str, known: GateCacheNames) -> dic
         return {}
     learned: dict[str, LearnedFrom] = {}
     for name, origin in gate_rings_by_order(tree, filename):
+        if learnable(name, known):
+            learned.setdefault(name, origin)
+    return learned
+
+
+def learn_handed_names(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
+    """What ``text`` hands over under a name ``known`` matches (a learned one among them):
+    ``{"log_forget": self.forget_buf}``, ``Rings(log_forget=buf)``, a record filled by position.
+    The round after a name is learned, what it is handed is the gate ring too."""
+    try:
+        tree = ast.parse(text, filename=filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    found: list[tuple[str, LearnedFrom]] = list(positional_record_names(tree, filename, known))
+    for node in walk(tree):
+        if isinstance(node, ast.Dict):
+            found.extend(_mapping_names(node, filename, known))
+        elif isinstance(node, ast.Call):
+            found.extend(_keyword_names(node, dotted(node.func), filename, known))
+    learned: dict[str, LearnedFrom] = {}
+    for name, origin in found:
         if learnable(name, known):
             learned.setdefault(name, origin)
     return learned

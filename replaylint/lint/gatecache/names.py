@@ -40,7 +40,9 @@ _RING_WORDS = r"_(?:ring|cache|buffer|buf)s?"
 GATE_DTYPE_WORDS = frozenset({"gate", "g", "gate_ring", "g_ring", "log_decay", "decay"})
 # the gate ring's field of a record of the rings' dtypes, by its word alone (`gate: torch.dtype`
 # beside `delta` and `key`): what the pre-filter looks for and the analysis reads
-GATE_FIELD_WORDS = frozenset({"gate", "g", "log_decay", "logdecay", "decay", "alpha", "log_alpha"})
+GATE_FIELD_WORDS = frozenset(
+    {"gate", "g", "log_decay", "logdecay", "decay", "alpha", "log_alpha", "forget", "log_forget"}
+)
 # keys of a table of ring dtypes that name the gate ring's entry: on their own, and only beside
 # the d and k rings' entries (a router's `gate` beside `experts` is no ring's)
 TABLE_GATE_WORDS = frozenset(
@@ -48,8 +50,9 @@ TABLE_GATE_WORDS = frozenset(
 )
 TABLE_SHARED_WORDS = frozenset({"gate", "g", "alpha"})
 _GATE_RING_WORDS = frozenset({"gate_ring", "g_ring", "log_decay"})
-# what a ring's name adds to what it holds (`logdecay_ring` holds log-decays)
-_RING_SUFFIXES = ("ring", "cache", "buf", "buffer", "ring_buf", "history")
+# what a ring's name adds to what it holds (`logdecay_ring` holds log-decays, and its dtype
+# setting is `logdecay_dtype`)
+RING_SUFFIXES = ("ring", "cache", "buf", "buffer", "ring_buf", "history")
 
 
 # how the reasons of names guessed from their neighbours begin
@@ -164,7 +167,7 @@ class GateCacheNames:
         prefix = core[: -len("_dtype")]
         if prefix in GATE_DTYPE_WORDS or self.matches(prefix):
             return True
-        if any(f"{prefix}_{suffix}" in self._learned_lower for suffix in _RING_SUFFIXES):
+        if any(f"{prefix}_{suffix}" in self._learned_lower for suffix in RING_SUFFIXES):
             return True  # `logdecay_dtype` beside a learned `logdecay_ring`
         # `ring_log_decay_dtype`: a qualifier before a word only the gate ring goes by (not
         # `gate` alone: `wkv_gate_dtype`, `moe_gate_dtype` are other gates)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import contains_needle
 from replaylint.lint.gatecache.names import (
     GATE_DTYPE_WORDS,
     GATE_FIELD_WORDS,
+    RING_SUFFIXES,
     TABLE_GATE_WORDS,
     GateCacheNames,
 )
@@ -55,6 +56,17 @@ _TABLE_KEY = re.compile(
 )
 
 
+def _ring_stems(learned: Iterable[str]) -> set[str]:
+    """``forget`` of a learned ``forget_ring``: what its dtype setting is named after."""
+    stems = set()
+    for name in learned:
+        lowered = name.lower()
+        for suffix in RING_SUFFIXES:
+            if lowered.endswith(f"_{suffix}") and len(lowered) > len(suffix) + 3:
+                stems.add(lowered[: -len(suffix) - 1])
+    return stems
+
+
 def _declares_gate_dtype_field(text: str) -> bool:
     """Whether a line of ``text`` is an indented ``gate: torch.dtype`` (a record's field)."""
     for annotation in _DTYPE_ANNOTATION.finditer(text):
@@ -86,6 +98,8 @@ class Relevance:
         endings = {e for e in endings if not any(o != e and e.endswith(o) for o in endings)}
         # settings of the gate cache's dtype (`gate_dtype: torch.dtype = torch.bfloat16`)
         needles += [f"{word}_dtype" for word in GATE_DTYPE_WORDS]
+        # and of a learned ring's (`forget_dtype` beside a learned `forget_ring`)
+        needles += [f"{stem}_dtype" for stem in _ring_stems(gate_caches.learned)]
         # Words that contain a core are the only ones worth matching exactly.
         self._cores = tuple(sorted({n for n in needles if n}))
         # the gate ring's field of a record of ring dtypes (`gate: torch.dtype`)

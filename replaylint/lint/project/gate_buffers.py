@@ -32,10 +32,11 @@ MODULE_CAST_CALL = re.compile(r"\.(?:half|bfloat16|to|type)\s*\(")
 GENERIC_MODULE = re.compile(
     r":\s*['\"]?(?:torch\.)?(?:nn\.)?Module\b"
     r"|\b(?:self|model|module|net|network)\.(?:half|bfloat16|to|type)\s*\("
+    r"|\bnn\.(?:ModuleDict|ModuleList|Sequential)\s*\("
 )
-"""Text that may name a module of no known class: an ``nn.Module`` annotation, or a cast of
-``self`` or of a receiver named like a model (a file that also has a :data:`MODULE_CAST_CALL`
-may cast one)."""
+"""Text that may name a module of no known class: an ``nn.Module`` annotation, a cast of
+``self`` or of a receiver named like a model, or a container of modules (a file that also has a
+:data:`MODULE_CAST_CALL` may cast one)."""
 
 Flags = Mapping[str, Mapping[str, object]]
 """Per method called on an instance, the literal keyword arguments of the call."""

@@ -26,7 +26,8 @@ as ``["loop", "value"]``; ``["unknown"]``.
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
 ``try``, a loop), declared ``global``, deleted or mutated in place (``TABLE[k] = v``) is
 ``unknown``. A straight-line function body (locals bound once, one ``return``) is summarised by
-what it returns, one with several ``return`` statements by what they may return.
+what it returns, one with several ``return`` statements by what they may return (a local bound by
+one plain assignment and nowhere else keeps its value there).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from replaylint.lint.project.raw_reads import raw_reads
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
 from replaylint.lint.project.return_guards import negated, return_guards, test_condition
 from replaylint.lint.project.widening import widened_parameters
-from replaylint.lint.project.zipped_mappings import zipped_values
+from replaylint.lint.project.yielded import is_generator, yielded
+from replaylint.lint.project.zipped_mappings import per_key_parts, zipped_values
 
 Value = list[Any]
 """A summary value (see the module docstring)."""
@@ -313,6 +315,8 @@ class _Summariser:
         followed); a generator, or a body that may end without a return, is unknown."""
         returns: list[ast.Return] = []
         stored: set[str] = set()
+        stores: dict[str, int] = {}
+        assigned: dict[str, ast.Assign] = {}
         stack: list[ast.AST] = list(function.body)
         while stack:
             node = stack.pop()
@@ -320,8 +324,17 @@ class _Summariser:
                 return UNKNOWN
             if isinstance(node, ast.Return):
                 returns.append(node)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 stored.add(node.id)
+                stores[node.id] = stores.get(node.id, 0) + 1
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                return UNKNOWN
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                assigned[node.targets[0].id] = node
             if not isinstance(
                 node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
             ):
@@ -336,6 +349,13 @@ class _Summariser:
         locals_: dict[str, Value] = {str(p[0]): ["param", p[0]] for p in params}
         for name in stored:
             locals_[name] = UNKNOWN
+        # A local bound by one plain assignment and nowhere else holds that value wherever a
+        # return reads it (any read before the binding would raise): `compute = TABLE[mode]`.
+        named = {str(p[0]) for p in params}
+        single = [(a.lineno, a.col_offset, n, a) for n, a in assigned.items() if stores[n] == 1]
+        for _, _, name, statement in sorted(single):
+            if name not in named:
+                locals_[name] = _Values(self, locals_).value(statement.value)
         value_of = _Values(self, locals_).value
         guards = return_guards(function.body, {str(p[0]) for p in params}, stored, value_of)
         values: list[Value] = []
@@ -398,7 +418,7 @@ class _Summariser:
                         self._result(statement, [["self", "pos", None]]),
                     ]
                 else:
-                    entry = ["method", statement.lineno, *self._method(statement)]
+                    entry = ["method", statement.lineno, *self._method(statement, cls)]
             elif isinstance(statement, CONDITIONAL):
                 for node in ast.walk(statement):
                     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -422,9 +442,10 @@ class _Summariser:
             )
         return ["class", cls.lineno, members, flags]
 
-    def _method(self, method: ast.FunctionDef) -> tuple[Value, list[Any]]:
+    def _method(self, method: ast.FunctionDef, cls: ast.ClassDef) -> tuple[Value, list[Any]]:
         """What a plain method returns (``self`` its first parameter), and its parameters:
-        ``def ring_shapes(self, batch): return {"d_cache": ..., "g_cache": ...}``."""
+        ``def ring_shapes(self, batch): return {"d_cache": ..., "g_cache": ...}``; what a
+        generator method yields (:mod:`.yielded`)."""
         params = _params(self, method.args)
         plain = all(
             _decorator_name(d) in {"functools.cache", "cache", "lru_cache", "functools.lru_cache"}
@@ -432,6 +453,8 @@ class _Summariser:
         )
         if params is None or not params or params[0][1] != "pos" or not plain:
             return UNKNOWN, []
+        if is_generator(method):
+            return yielded(method, cls, self._member_value) or UNKNOWN, params
         return self._result(method, params), params
 
     def _member_value(self, node: ast.expr) -> Value:
@@ -555,39 +578,15 @@ class _Values:
 
     def _per_key(self, node: ast.DictComp) -> Value:
         """``{k: v for k, v in mapping.items()}`` or ``{k: v for k in mapping}``, unfiltered."""
-        if len(node.generators) != 1:
+        parts = per_key_parts(node)
+        if parts is None:
             return UNKNOWN
-        loop = node.generators[0]
-        source: ast.expr = loop.iter
-        method = ""
-        call = loop.iter
-        if (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and call.func.attr in {"items", "keys"}
-            and not (call.args or call.keywords)
-        ):
-            source, method = call.func.value, call.func.attr
-        target = loop.target
-        if method == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
-            key, entry = target.elts
-        elif method != "items":
-            key, entry = target, None
-        else:
-            return UNKNOWN
-        if (
-            loop.ifs
-            or loop.is_async
-            or not isinstance(key, ast.Name)
-            or not (entry is None or isinstance(entry, ast.Name))
-            or not (isinstance(node.key, ast.Name) and node.key.id == key.id)
-        ):
-            return UNKNOWN
+        source, key, entry, made = parts
         inner = dict(self.locals)
-        inner[key.id] = ["loop", "key"]
+        inner[key] = ["loop", "key"]
         if entry is not None:
-            inner[entry.id] = ["loop", "value"]
-        element = _Values(self.summariser, inner, in_class=self.in_class).value(node.value)
+            inner[entry] = ["loop", "value"]
+        element = _Values(self.summariser, inner, in_class=self.in_class).value(made)
         return ["per_key", self.value(source), element]
 
 

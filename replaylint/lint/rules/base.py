@@ -23,7 +23,8 @@ from replaylint.lint.dataflow.callables import element_facts
 from replaylint.lint.dataflow.dtype_tables import table_entry_facts
 from replaylint.lint.dataflow.facts import CastValue, Float32Target, SetDtype, TensorFact
 from replaylint.lint.dataflow.provenance import Provenance
-from replaylint.lint.fixes.drafts import FixDraft
+from replaylint.lint.dataflow.text_settings import float32_text
+from replaylint.lint.fixes.drafts import FixDraft, Replace
 from replaylint.lint.fixes.float32 import Float32Edits
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
@@ -161,6 +162,11 @@ class Rule(Visitor):
     def setting_fix(self, value: cst.BaseExpression, site: Site) -> FixDraft | None:
         """The unsafe fix that makes a dtype setting's ``value`` float32 where it is written
         (unsafe: whatever else reads the setting sees float32 too)."""
+        text = float32_text(self.provenance, value, site)
+        if text is not None:  # `os.environ.get("GATE_DTYPE", ring_dtype)`: a dtype's name
+            spelled = f'"{text}"'
+            edit = Replace(value, spelled)
+            return FixDraft(f"Make it {spelled}", (edit,), Applicability.UNSAFE)
         made = self.context.spelling.edits_for(SetDtype(value), site)
         return made and FixDraft(f"Make it {self.float32(site)}", made[0], Applicability.UNSAFE)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.dataflow.dtype_tables import (
+    chosen_by_gate_setting,
     gate_dtype_name,
     narrower_in,
-    narrower_literals,
 )
 from replaylint.lint.dataflow.imported import element_dtype_facts
 from replaylint.lint.dataflow.strings import NO_ENV
@@ -129,10 +129,12 @@ def _setting(rule: Rule, name: str, value: cst.BaseExpression, site: Site, verb:
         return  # `gate_dtype=gate_dtype`: judged where that name is set
     if _calls_a_setting(rule, value):
         return  # `gate_dtype=log_decay_dtype(mode)`: judged at that function's returns
-    narrower = narrower_literals(rule.provenance, value, site)
-    if narrower is None:
-        return
     facts = rule.provenance.dtype_facts(value, site)
+    narrower = narrower_in(facts)
+    if narrower is None or chosen_by_gate_setting(rule.provenance, facts):
+        return  # `gate_dtype=str2dtype(opt.gate_dtype)`: judged where that setting is set
+    if verb == "is set to" and any(f.is_float32 for f in facts):
+        verb = "may be set to"
     origins = sorted({f.origin for f in facts if not f.is_float32 and f.origin})
     whence = (
         f" ({'; '.join(origins)})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.context import FileContext
+from replaylint.lint.dataflow.dtype_tables import chosen_by_gate_setting
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -586,6 +587,8 @@ checked.
         for fact in self.facts(binding):
             if fact.kind is not Kind.EXPLICIT:
                 continue
+            if chosen_by_gate_setting(self.provenance, fact.dtypes):
+                continue  # `Cache(decay_dtype=str2dtype(opt.decay_dtype))`: that setting's
             dtypes = literal_names(fact.non_float32_literals)
             origin = binding_lines(self.context, fact.dtypes) + through(self.context, fact)
             fix = self.fix_for(binding, fact, fact.target, "Allocate it as {float32}")

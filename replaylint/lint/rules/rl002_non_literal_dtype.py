@@ -6,7 +6,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_records import gate_field_arguments
-from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype
+from replaylint.lint.dataflow.dtype_tables import borrowed_gate_dtype, chosen_by_gate_setting
 from replaylint.lint.dataflow.facts import Kind
 from replaylint.lint.dataflow.scopes import all_params
 from replaylint.lint.gatecache.bindings import GateCacheBinding
@@ -561,6 +561,8 @@ fix is **unsafe**: whatever else reads the setting sees float32 too.
                 continue  # judged where the setting is declared (RL001 for a non-float32 one)
             if keyword_only_setting(self.context, fact):
                 continue  # `*, log_decay_dtype=None`: each call's keyword is the setting
+            if chosen_by_gate_setting(self.provenance, fact.dtypes):
+                continue  # `Cache(decay_dtype=TABLE[opt.decay_dtype])`: judged at that setting
             self.report(
                 at,
                 f"{self.subject(binding)} is allocated with dtype {source}, which is not provably "

@@ -57,7 +57,8 @@ def unlisted_iterations(
     variable ``key`` holding it, for ``mapping[key] = ...`` in ``loop`` whose keys cannot be
     listed; None when ``key`` is not a loop variable or no such use decides. ``attributes``:
     for ``setattr(mapping, key, ...)``, the gate-cache attributes the module reads on it."""
-    if not isinstance(key, cst.Name) or key.value not in _names(loop_target):
+    variable = _key_variable(key, loop_target)
+    if variable is None:
         return None
     if not isinstance(mapping, (cst.Name, cst.Attribute)):
         return None
@@ -71,7 +72,7 @@ def unlisted_iterations(
     prov = context.provenance
     result: list[Iteration] = []
     for gate in sorted(gates):
-        env: Iteration = {key.value: gate}
+        env: Iteration = {variable: gate}
         if site.statement is not None and _excluded(prov, loop, site, site.statement, env):
             continue
         result.append(env)
@@ -273,6 +274,17 @@ def _excluded(
 ) -> bool:
     """Whether an ``if`` between ``loop`` and ``statement`` leaves the iteration ``env`` out."""
     return leaves_out(prov, branch_tests([*ancestors(loop, statement), statement]), site, env)
+
+
+def _key_variable(key: cst.BaseExpression, loop_target: cst.BaseExpression) -> str | None:
+    """``name`` of ``for name, t in ...``, or ``entry.name`` of ``for entry in meta.entries``
+    (an attribute of the loop variable holds the key); None for anything else."""
+    names = _names(loop_target)
+    if isinstance(key, cst.Name):
+        return key.value if key.value in names else None
+    if isinstance(key, cst.Attribute) and isinstance(key.value, cst.Name):
+        return f"{key.value.value}.{key.attr.value}" if key.value.value in names else None
+    return None
 
 
 def _names(target: cst.BaseExpression) -> set[str]:

@@ -1,7 +1,8 @@
 """Module and class constants that list cache names, a gate cache's among them
 (``TENSOR_FIELDS = ("ssm_state", "d_ring", "k_ring", "log_gate_ring")``), and functions or
 methods that return such a literal (``def ring_shapes(self): return {"d_cache": ..., "g_cache":
-...}``): a file that imports one, or calls the method on an instance, and loops over it makes or
+...}``), and generator methods that yield their own tensors (``yield name, getattr(self, name)``):
+a file that imports one, or calls the method on an instance, and loops over it makes, casts or
 loads the gate cache without naming it, so the pre-filter, which looks for gate-cache names, must
 let it through. Found in the files that name a gate cache, and remembered in the result cache
 under their sizes and times and the names learned so far."""
@@ -40,6 +41,17 @@ _GATE_FIELD_NAME = re.compile(
     rb"[ \t]+(?:" + b"|".join(w.encode() for w in sorted(GATE_FIELD_WORDS)) + rb")[ \t]*",
     re.IGNORECASE,
 )
+# a generator method yielding its own tensors (`yield name, getattr(self, name)`): a loop over it
+# walks the rings without naming them (:mod:`replaylint.lint.project.yielded`)
+_YIELDS_OWN = re.compile(rb"^[ \t]+yield[ \t][^\n]*\bself\b", re.MULTILINE)
+# walks every module or container has: their names are in nearly every file
+_COMMON_WALKS = frozenset(
+    {
+        "__iter__", "__next__", "items", "keys", "values", "buffers", "named_buffers",
+        "parameters", "named_parameters", "children", "named_children", "modules",
+        "named_modules", "state_dict",
+    }
+)  # fmt: skip
 _LONGEST_TABLE = 20_000  # bytes: a constant longer than this is data, not a list of cache names
 _BRACKET = re.compile(rb"[()\[\]{}]")
 
@@ -107,7 +119,7 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
     Also the record classes that declare a field for the gate ring's dtype (``g: torch.dtype``):
     a file that builds one (``RingDtypes(d=ring, k=ring, g=ring)``) sets that dtype without
     naming a gate cache."""
-    found = _dtype_records(raw)
+    found = _dtype_records(raw) | _own_walks(raw)
     if raw.isascii() and not any(
         names.matches(word.decode("ascii")) for word in set(_QUOTED_WORD.findall(raw))
     ):
@@ -144,6 +156,22 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
         above = bisect.bisect_left([d.start() for d in definitions], match.start())
         if above:
             found.add(definitions[above - 1].group(1).decode("ascii"))
+    return found
+
+
+def _own_walks(raw: bytes) -> set[str]:
+    """The generator methods of ``raw`` that yield their own attributes (``def
+    named_states(self): ... yield name, getattr(self, name)``), but for walks every module has."""
+    found: set[str] = set()
+    definitions: list[re.Match[bytes]] | None = None
+    for match in _YIELDS_OWN.finditer(raw):
+        if definitions is None:
+            definitions = list(_DEFINITION.finditer(raw))
+        above = bisect.bisect_left([d.start() for d in definitions], match.start())
+        if above:
+            name = definitions[above - 1].group(1).decode("ascii")
+            if name not in _COMMON_WALKS and len(name) >= 5:
+                found.add(name)
     return found
 
 

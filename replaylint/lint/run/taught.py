@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.grep import files_containing
-from replaylint.lint.gatecache.learning import learn_rings_by_order, learnable
+from replaylint.lint.gatecache.learning import learn_handed_names, learn_rings_by_order, learnable
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.gatecache.ring_order import may_list_rings
@@ -87,7 +87,9 @@ def rows_of_learned_rings(
     d_ring, k_ring, w_log, pos]`` in a file that names no gate cache but ``w_log_ring``, a ring
     another file's decode call taught. The scan learns rows only from the files its own names
     let through; this stage reads the ones the learned names let through, round after round,
-    and is remembered in the cache like the wrapper stage."""
+    and is remembered in the cache like the wrapper stage. Those files also teach what they hand
+    over under a learned name (``{"log_forget": self.forget_buf}``, :func:`~replaylint.lint.
+    gatecache.learning.learn_handed_names`)."""
     if not merged:
         return {}
 
@@ -103,11 +105,12 @@ def rows_of_learned_rings(
             fresh = {}
             for path in sorted(files_containing(readable, needles, jobs)):
                 text = read_text(path)
-                if text is None or not may_list_rings(text.encode("utf-8", "surrogatepass")):
+                if text is None or not relevance.may_hold_finding(text):
                     continue
-                if not relevance.may_hold_finding(text):
-                    continue
-                for name, origin in learn_rings_by_order(text, path, names).items():
+                found = learn_handed_names(text, path, known)  # `{"log_forget": self.buf}`
+                if may_list_rings(text.encode("utf-8", "surrogatepass")):
+                    found = {**learn_rings_by_order(text, path, names), **found}
+                for name, origin in found.items():
                     if not known.matches(name) and name not in fresh and learnable(name, known):
                         fresh[name] = origin
             if not fresh:

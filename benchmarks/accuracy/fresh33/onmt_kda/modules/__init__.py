@@ -1,0 +1,1 @@
+"""Components shared by the decoders."""

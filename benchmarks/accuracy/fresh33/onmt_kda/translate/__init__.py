@@ -1,0 +1,1 @@
+"""Modules for translation / generation."""

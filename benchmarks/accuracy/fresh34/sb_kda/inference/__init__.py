@@ -1,0 +1,1 @@
+"""Pretrained model interfaces (``EncoderDecoderASR``, ``StreamingASR``)."""

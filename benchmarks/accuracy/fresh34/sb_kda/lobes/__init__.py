@@ -1,0 +1,1 @@
+"""Complete models assembled from ``sb_kda.nnet`` blocks."""

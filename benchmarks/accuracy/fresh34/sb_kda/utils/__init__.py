@@ -1,0 +1,1 @@
+"""Utilities: checkpointing, data helpers and hyperparameter loading."""

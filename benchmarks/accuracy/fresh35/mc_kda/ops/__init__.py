@@ -1,0 +1,1 @@
+"""Kernels and the layers that call them."""

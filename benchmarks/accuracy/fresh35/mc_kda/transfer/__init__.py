@@ -1,0 +1,1 @@
+"""Memory registration, slot layout headers and the prefill-to-decode connector."""

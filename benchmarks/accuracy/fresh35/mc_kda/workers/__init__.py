@@ -1,0 +1,1 @@
+"""Prefill and decode workers of a disaggregated deployment."""
