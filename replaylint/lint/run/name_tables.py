@@ -41,9 +41,14 @@ _GATE_FIELD_NAME = re.compile(
     rb"[ \t]+(?:" + b"|".join(w.encode() for w in sorted(GATE_FIELD_WORDS)) + rb")[ \t]*",
     re.IGNORECASE,
 )
-# a generator method yielding its own tensors (`yield name, getattr(self, name)`): a loop over it
-# walks the rings without naming them (:mod:`replaylint.lint.project.yielded`)
-_YIELDS_OWN = re.compile(rb"^[ \t]+yield[ \t][^\n]*\bself\b", re.MULTILINE)
+# a generator method yielding its own tensors by name (`yield name, getattr(self, name)`, `yield
+# "state", self.state`): a loop over it walks the rings without naming them
+# (:mod:`replaylint.lint.project.yielded`)
+_YIELDS_OWN = re.compile(
+    rb"^[ \t]+yield[ \t]+(?:[\"'][\w.]+[\"']|\w+(?:\.name)?)[ \t]*,[ \t]*"
+    rb"(?:self\.\w+|getattr\(\s*self\b)",
+    re.MULTILINE,
+)
 # walks every module or container has: their names are in nearly every file
 _COMMON_WALKS = frozenset(
     {
