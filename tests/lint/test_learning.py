@@ -458,15 +458,19 @@ def test_a_dtype_in_a_table_keyed_by_the_rings_is_no_ring() -> None:
 
 
 def test_what_a_learned_name_is_handed_is_learned_the_round_after() -> None:
-    from replaylint.lint.gatecache.learning import learn_handed_names
+    from replaylint.lint.gatecache.learning import learn_handed_names, parsed
 
-    cache = textwrap.dedent(
-        """
+    cache = parsed(
+        textwrap.dedent(
+            """
         class SlotCache:
             def layer_cache(self):
                 return {"delta_mem": self.delta_buf, "log_forget": self.forget_buf}
         """
+        ),
+        "cache.py",
     )
+    assert cache is not None
     known = GateCacheNames().with_learned({"log_forget": LearnedFrom("rings.py", 15, "f")})
     learned = learn_handed_names(cache, "cache.py", known)
     assert list(learned) == ["forget_buf"]

@@ -26,7 +26,7 @@ from replaylint.lint.dataflow.allocations import literal_dtype
 from replaylint.lint.dataflow.dtype_records import spread_elements
 from replaylint.lint.dataflow.dtype_strings import string_dtype
 from replaylint.lint.dataflow.facts import DtypeFact, SetDtype, TensorFact, decided
-from replaylint.lint.syntax.nodes import binding_name, literal_string, read_names
+from replaylint.lint.syntax.nodes import binding_name, is_none_literal, literal_string, read_names
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -140,9 +140,7 @@ def _only_dtypes(
     if literal_dtype(prov.index, entry) is None:
         return False
     return all(
-        (isinstance(value, cst.Name) and value.value == "None")
-        or literal_dtype(prov.index, value) is not None
-        for value in others
+        is_none_literal(value) or literal_dtype(prov.index, value) is not None for value in others
     )
 
 

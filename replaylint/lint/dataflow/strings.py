@@ -21,6 +21,7 @@ from replaylint.lint.syntax.nodes import (
     constant_slice,
     literal_string,
     method_name,
+    name_attribute,
     positional_args,
     read_names,
 )
@@ -69,7 +70,11 @@ def string_value(
     """The string ``expr`` provably holds (literals, loop variables, f-strings, constants)."""
     if isinstance(expr, cst.SimpleString):
         return literal_string(expr)
-    if isinstance(expr, cst.Attribute) and env and isinstance(key := env.get(_dotted(expr)), str):
+    if (
+        isinstance(expr, cst.Attribute)
+        and env
+        and isinstance(key := env.get(name_attribute(expr) or ""), str)
+    ):
         return key  # `entry.name` of `for entry in meta.entries`, in one iteration
     if isinstance(expr, cst.Name):
         if expr.value in env:
@@ -576,9 +581,3 @@ def _class_constant(
     if len(values) != 1 or prov.index.assigns_attribute(name, by_setattr=not on_class):
         return None
     return values[0]
-
-
-def _dotted(expr: cst.Attribute) -> str:
-    """``entry.name`` of a loop variable's attribute: how an iteration may bind it."""
-    value = expr.value
-    return f"{value.value}.{expr.attr.value}" if isinstance(value, cst.Name) else ""

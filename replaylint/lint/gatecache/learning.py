@@ -47,6 +47,7 @@ __all__ = [
     "learn_rings_by_order",
     "learnable",
     "learning_needles",
+    "parsed",
 ]
 
 TOO_GENERIC_TO_LEARN: frozenset[str] = frozenset(
@@ -115,12 +116,19 @@ def learnable(name: str, known: GateCacheNames | None) -> bool:
     return known is None or not known.matches(name)
 
 
-def learn_rings_by_order(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
-    """The gate rings ``text`` names by their place (a file that teaches nothing else)."""
+def parsed(text: str, filename: str) -> ast.Module | None:
+    """``text`` parsed for learning; None when it does not parse (the checking pass reports
+    it)."""
     try:
-        tree = ast.parse(text, filename=filename)
+        return ast.parse(text, filename=filename)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
+        return None
+
+
+def learn_rings_by_order(
+    tree: ast.Module, filename: str, known: GateCacheNames
+) -> dict[str, LearnedFrom]:
+    """The gate rings ``tree`` names by their place (a file that teaches nothing else)."""
     learned: dict[str, LearnedFrom] = {}
     for name, origin in gate_rings_by_order(tree, filename):
         if learnable(name, known):
@@ -128,20 +136,16 @@ def learn_rings_by_order(text: str, filename: str, known: GateCacheNames) -> dic
     return learned
 
 
-def learn_handed_names(text: str, filename: str, known: GateCacheNames) -> dict[str, LearnedFrom]:
-    """What ``text`` hands over under a name ``known`` matches (a learned one among them):
+def learn_handed_names(
+    tree: ast.Module, filename: str, known: GateCacheNames
+) -> dict[str, LearnedFrom]:
+    """What ``tree`` hands over under a name ``known`` matches (a learned one among them):
     ``{"log_forget": self.forget_buf}``, ``Rings(log_forget=buf)``, a record filled by position.
     The round after a name is learned, what it is handed is the gate ring too."""
-    try:
-        tree = ast.parse(text, filename=filename)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return {}
-    found: list[tuple[str, LearnedFrom]] = list(positional_record_names(tree, filename, known))
-    for node in walk(tree):
-        if isinstance(node, ast.Dict):
-            found.extend(_mapping_names(node, filename, known))
-        elif isinstance(node, ast.Call):
-            found.extend(_keyword_names(node, dotted(node.func), filename, known))
+    found = [
+        *positional_record_names(tree, filename, known),
+        *_names_in(tree, filename, (), known),  # no entry point: keywords and keys only
+    ]
     learned: dict[str, LearnedFrom] = {}
     for name, origin in found:
         if learnable(name, known):
@@ -180,8 +184,7 @@ def _passing_pattern(names: GateCacheNames) -> re.Pattern[str]:
     """Text that passes a value for a gate-cache name: ``g_cache=`` (a keyword) or
     ``"g_cache":`` (a key), for the names' literal pieces; files without it teach nothing but
     through entry-point calls."""
-    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
-    words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
+    words = names.literal_alternation()
     return re.compile(rf"[(,]\s*\w*(?:{words})\w*\s*=(?!=)|['\"]\w*(?:{words})\w*['\"]\s*:")
 
 
@@ -190,8 +193,7 @@ def _alias_pattern(names: GateCacheNames) -> Callable[[str], bool]:
     gate cache that takes only ``self``, or ``g_cache = property(...)``. The words of the
     patterns are looked for first: most files hold none, and the name patterns are read only
     in those that do."""
-    pieces = [max(re.split(r"[*?\[\]]", p), key=len).lower() for p in names.patterns]
-    words = [piece for piece in pieces if len(piece) > 2]
+    words = [piece.lower() for piece in names.literal_pieces()]
     if not words:
         return lambda text: False
     method = re.compile(r"\bdef\s+(\w+)\s*\(\s*self\s*\)")
@@ -278,8 +280,7 @@ def learning_needles(entry_points: Sequence[EntryPoint], names: GateCacheNames) 
     needles = entry_point_needles(entry_points)
     if needles is None:
         return None
-    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
-    return needles + [piece for piece in pieces if len(piece) > 2]
+    return needles + names.literal_pieces()
 
 
 def _names_in(

@@ -155,6 +155,17 @@ class GateCacheNames:
             or any(infixed.fullmatch(name) for infixed, _ in self._infixed)
         )
 
+    def literal_pieces(self) -> list[str]:
+        """Each pattern's longest literal piece (``*_g_cache`` -> ``_g_cache``), when it is long
+        enough to search text for: what every name a pattern matches contains."""
+        pieces = [max(re.split(r"[*?\[\]]", pattern), key=len) for pattern in self.patterns]
+        return [piece for piece in pieces if len(piece) > 2]
+
+    def literal_alternation(self) -> str:
+        """The literal pieces as one regular-expression alternation (one that matches nothing
+        when there are none), to build a text search around."""
+        return "|".join(re.escape(piece) for piece in self.literal_pieces()) or "(?!)"
+
     def names_gate_dtype(self, name: str) -> bool:
         """Whether ``name`` is a setting for the gate cache's dtype: ``<gate cache>_dtype``
         (``g_cache_dtype``), ``gate_dtype``, ``g_dtype``, ``gate_ring_dtype`` and the like; a

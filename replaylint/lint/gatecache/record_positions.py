@@ -20,10 +20,10 @@ import ast
 import re
 from collections.abc import Iterator
 
-from replaylint.lint.gatecache.calls import passed_name
+from replaylint.lint.gatecache.calls import dotted, passed_name
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 
-__all__ = ["positional_record_names", "record_field_pattern"]
+__all__ = ["positional_record_names", "record_field_pattern", "record_fields"]
 
 _NOT_TENSORS = re.compile(r"\b(?:dtype|str|int|float|bool)\b")
 
@@ -31,8 +31,7 @@ _NOT_TENSORS = re.compile(r"\b(?:dtype|str|int|float|bool)\b")
 def record_field_pattern(names: GateCacheNames) -> re.Pattern[str]:
     """A class-body line that declares a field named like a gate cache (``g_cache:``): the text
     test before a file is parsed for such records."""
-    pieces = [max(re.split(r"[*?\[\]]", p), key=len) for p in names.patterns]
-    words = "|".join(re.escape(piece) for piece in pieces if len(piece) > 2) or "(?!)"
+    words = names.literal_alternation()
     return re.compile(rf"^[ \t]+\w*(?:{words})\w*[ \t]*:[^=\n]", re.MULTILINE)
 
 
@@ -43,7 +42,7 @@ def positional_record_names(
     for cls in tree.body:
         if not isinstance(cls, ast.ClassDef):
             continue
-        fields = _fields(cls)
+        fields = record_fields(cls)
         if fields is None:
             continue
         gates = [i for i, field in enumerate(fields) if field and patterns.matches(field)]
@@ -54,11 +53,13 @@ def positional_record_names(
                 yield from _passed_at(call, position, fields, built, filename)
 
 
-def _fields(cls: ast.ClassDef) -> list[str] | None:
-    """The fields a NamedTuple or dataclass fills by position, in order; None for any other
-    class."""
-    named_tuple = any(_dotted(base).endswith("NamedTuple") for base in cls.bases)
-    dataclass = any("dataclass" in _dotted(_called(d)) for d in cls.decorator_list)
+def record_fields(cls: ast.ClassDef) -> list[str] | None:
+    """The fields a NamedTuple or dataclass (not ``kw_only``, no base class but ``NamedTuple``)
+    fills by position, in order, with ``""`` for a field declared a dtype, a name or a number
+    (it holds no ring); None for any other class, and for one whose places a reading of its
+    body cannot be sure of (an ``InitVar``)."""
+    named_tuple = any(_last_part(base) == "NamedTuple" for base in cls.bases)
+    dataclass = any(_last_part(_called(d)) == "dataclass" for d in cls.decorator_list)
     if not (named_tuple or (dataclass and not cls.bases)):
         return None
     for decorator in cls.decorator_list:
@@ -72,9 +73,7 @@ def _fields(cls: ast.ClassDef) -> list[str] | None:
                 continue
             if "InitVar" in written:
                 return None
-            # a field declared a dtype, a name or a number holds no ring
-            held = None if _NOT_TENSORS.search(written) else statement.target.id
-            fields.append(held or "")
+            fields.append("" if _NOT_TENSORS.search(written) else statement.target.id)
     return fields
 
 
@@ -89,7 +88,7 @@ def _constructions(tree: ast.Module, cls: ast.ClassDef) -> Iterator[tuple[ast.Ca
             yield node, cls.name
     for method in cls.body:
         if not isinstance(method, ast.FunctionDef) or not any(
-            _dotted(d) == "classmethod" for d in method.decorator_list
+            dotted(d) == "classmethod" for d in method.decorator_list
         ):
             continue
         first = method.args.posonlyargs + method.args.args
@@ -123,11 +122,5 @@ def _called(node: ast.expr) -> ast.expr:
     return node.func if isinstance(node, ast.Call) else node
 
 
-def _dotted(node: ast.expr) -> str:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
+def _last_part(node: ast.expr) -> str:
+    return (dotted(node) or "").rpartition(".")[2]

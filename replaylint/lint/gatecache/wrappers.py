@@ -32,6 +32,7 @@ from replaylint.lint.gatecache.entry_points import EntryPoint
 from replaylint.lint.gatecache.grep import files_containing
 from replaylint.lint.gatecache.learning import entry_point_needles
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
+from replaylint.lint.gatecache.record_positions import record_fields
 from replaylint.lint.syntax.ast_walk import walk
 from replaylint.lint.syntax.limits import too_large
 
@@ -169,24 +170,10 @@ def _handed_to_the_kernel(
 
 def _fields(record: ast.ClassDef, names: GateCacheNames) -> Iterator[Wrapper]:
     """A dataclass's or NamedTuple's gate-ring field, filled by position in a construction."""
-    bases = {(dotted(base) or "").rpartition(".")[2] for base in record.bases}
-    decorators = {
-        (dotted(d.func if isinstance(d, ast.Call) else d) or "").rpartition(".")[2]
-        for d in record.decorator_list
-    }
-    if "NamedTuple" not in bases and "dataclass" not in decorators:
-        return
     if any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in record.body):
         return  # its own __init__ says what a call passes
-    fields = [
-        s.target.id
-        for s in record.body
-        if isinstance(s, ast.AnnAssign)
-        and isinstance(s.target, ast.Name)
-        and "ClassVar" not in ast.unparse(s.annotation)
-    ]
-    for place, field in enumerate(fields):
-        if _takes_the_gate_ring(field, names):
+    for place, field in enumerate(record_fields(record) or ()):
+        if field and _takes_the_gate_ring(field, names):
             yield Wrapper(record.name, field, place)
 
 

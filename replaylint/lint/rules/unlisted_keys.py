@@ -27,7 +27,7 @@ from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.records import positional_fields
 from replaylint.lint.dataflow.strings import Iteration
 from replaylint.lint.rules.base import Invalid, Valid
-from replaylint.lint.syntax.nodes import binding_name, dotted_name, string_key
+from replaylint.lint.syntax.nodes import binding_name, dotted_name, name_attribute, string_key
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import ancestors, branch_tests, descendants
 
@@ -283,7 +283,7 @@ def _key_variable(key: cst.BaseExpression, loop_target: cst.BaseExpression) -> s
     if isinstance(key, cst.Name):
         return key.value if key.value in names else None
     if isinstance(key, cst.Attribute) and isinstance(key.value, cst.Name):
-        return f"{key.value.value}.{key.attr.value}" if key.value.value in names else None
+        return name_attribute(key) if key.value.value in names else None
     return None
 
 

@@ -151,16 +151,10 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
             continue
         if isinstance(target, ast.Name) and any(names.matches(e) for e in _listed(value)):
             found.add(target.id)
-    definitions: list[re.Match[bytes]] | None = None
+    functions = _Enclosing(raw, _DEFINITION)
     for match in _RETURNED_TABLE.finditer(raw):
-        if not _literal_at(raw, match.end(), names):
-            continue
-        if definitions is None:
-            definitions = list(_DEFINITION.finditer(raw))
-        # the last definition above the return: the function that returns the literal
-        above = bisect.bisect_left([d.start() for d in definitions], match.start())
-        if above:
-            found.add(definitions[above - 1].group(1).decode("ascii"))
+        if _literal_at(raw, match.end(), names) and (name := functions.at(match.start())):
+            found.add(name)  # the function that returns the literal
     return found
 
 
@@ -168,15 +162,11 @@ def _own_walks(raw: bytes) -> set[str]:
     """The generator methods of ``raw`` that yield their own attributes (``def
     named_states(self): ... yield name, getattr(self, name)``), but for walks every module has."""
     found: set[str] = set()
-    definitions: list[re.Match[bytes]] | None = None
+    functions = _Enclosing(raw, _DEFINITION)
     for match in _YIELDS_OWN.finditer(raw):
-        if definitions is None:
-            definitions = list(_DEFINITION.finditer(raw))
-        above = bisect.bisect_left([d.start() for d in definitions], match.start())
-        if above:
-            name = definitions[above - 1].group(1).decode("ascii")
-            if name not in _COMMON_WALKS and len(name) >= 5:
-                found.add(name)
+        name = functions.at(match.start())
+        if name is not None and name not in _COMMON_WALKS and len(name) >= 5:
+            found.add(name)
     return found
 
 
@@ -189,14 +179,27 @@ def _dtype_records(raw: bytes) -> set[str]:
             fields.append(line)
     if not fields:
         return set()
-    classes = list(_CLASS.finditer(raw))
-    starts = [c.start() for c in classes]
-    found: set[str] = set()
-    for field in fields:
-        above = bisect.bisect_left(starts, field)
-        if above:
-            found.add(classes[above - 1].group(1).decode("ascii"))
-    return found
+    classes = _Enclosing(raw, _CLASS)
+    return {name for field in fields if (name := classes.at(field)) is not None}
+
+
+class _Enclosing:
+    """The definitions (``def`` or ``class`` lines, by ``pattern``) of a file's text, found the
+    first time they are asked for: the last one above a place is the one the place is in."""
+
+    def __init__(self, raw: bytes, pattern: re.Pattern[bytes]) -> None:
+        self._raw, self._pattern = raw, pattern
+        self._starts: list[int] = []
+        self._names: list[str] | None = None
+
+    def at(self, place: int) -> str | None:
+        """The name of the last definition that starts above ``place``; None when none does."""
+        if self._names is None:
+            found = list(self._pattern.finditer(self._raw))
+            self._starts = [match.start() for match in found]
+            self._names = [match.group(1).decode("ascii") for match in found]
+        above = bisect.bisect_left(self._starts, place)
+        return self._names[above - 1] if above else None
 
 
 def _literal_at(raw: bytes, start: int, names: GateCacheNames) -> bool:

@@ -17,6 +17,7 @@ from replaylint.lint.gatecache.learning import (
     learn_gate_cache_names,
     learn_rings_by_order,
     learning_needles,
+    parsed,
 )
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.gatecache.prefilter import Relevance
@@ -100,7 +101,8 @@ def learn(settings: Settings, filename: str, raw: bytes, relevant: bool) -> Lear
     except FileProblem:
         return ()
     if rings_only:
-        learned = learn_rings_by_order(text, filename, base)
+        tree = parsed(text, filename)
+        learned = {} if tree is None else learn_rings_by_order(tree, filename, base)
     else:
         learned = learn_gate_cache_names([(filename, text)], settings.entry_points, base)
     return tuple((name, origin.row, taught_by(origin)) for name, origin in learned.items())

@@ -10,7 +10,12 @@ from collections.abc import Callable, Sequence
 
 from replaylint.lint.config.settings import Settings
 from replaylint.lint.gatecache.grep import files_containing
-from replaylint.lint.gatecache.learning import learn_handed_names, learn_rings_by_order, learnable
+from replaylint.lint.gatecache.learning import (
+    learn_handed_names,
+    learn_rings_by_order,
+    learnable,
+    parsed,
+)
 from replaylint.lint.gatecache.names import GateCacheNames, LearnedFrom
 from replaylint.lint.gatecache.prefilter import Relevance
 from replaylint.lint.gatecache.ring_order import may_list_rings
@@ -107,9 +112,12 @@ def rows_of_learned_rings(
                 text = read_text(path)
                 if text is None or not relevance.may_hold_finding(text):
                     continue
-                found = learn_handed_names(text, path, known)  # `{"log_forget": self.buf}`
+                tree = parsed(text, path)
+                if tree is None:
+                    continue
+                found = learn_handed_names(tree, path, known)  # `{"log_forget": self.buf}`
                 if may_list_rings(text.encode("utf-8", "surrogatepass")):
-                    found = {**learn_rings_by_order(text, path, names), **found}
+                    found = {**learn_rings_by_order(tree, path, names), **found}
                 for name, origin in found.items():
                     if not known.matches(name) and name not in fresh and learnable(name, known):
                         fresh[name] = origin

@@ -80,6 +80,13 @@ def is_none_literal(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name) and expr.value == "None"
 
 
+def name_attribute(expr: cst.Attribute) -> str | None:
+    """``entry.name``, an attribute of a plain name, written out (how a loop over records binds a
+    key); None for a longer chain or another root."""
+    value = expr.value
+    return f"{value.value}.{expr.attr.value}" if isinstance(value, cst.Name) else None
+
+
 def binding_name(target: cst.BaseExpression) -> str | None:
     """The name a target binds: ``x`` -> x, ``a.b.x`` -> x, ``d["x"]`` -> x."""
     if isinstance(target, cst.Name):
