@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.own_buffers import own_buffer_items
+from replaylint.lint.dataflow.own_dicts import own_dict
 from replaylint.lint.dataflow.record_names import asdict_fields, record_fields_named
 from replaylint.lint.syntax.nodes import (
     class_body_values,
@@ -305,46 +306,62 @@ def _literal_items(
     method = method_name(expr)
     if method in {"items", "keys", "values"} and not args:
         assert isinstance(expr.func, cst.Attribute)
-        mapping: cst.BaseExpression | None = expr.func.value
-        mapping_site = site
-        if isinstance(mapping, cst.Name):
-            found = prov.lookup(mapping.value, site)
-            if not found or len(found) != 1:
-                return None
-            mapping, mapping_site = found[0][0].value, found[0][1]
-        if isinstance(mapping, cst.Call) and _zipped_dict(mapping):
-            return _zipped_items(prov, mapping, mapping_site, method, depth)
-        fields = asdict_fields(prov, mapping, mapping_site) if mapping is not None else None
-        if fields is not None:  # `state._asdict().items()` of `state: Rings`: its fields
-            keys = [cst.SimpleString(repr(name)) for name in fields]
-            if method == "keys":
-                return [(key, site) for key in keys]
-            if method == "values":
-                return None
-            return [(_pair(key, cst.Name("_")), site) for key in keys]
-        if isinstance(mapping, cst.Call):
-            returned = _returned_literal(prov, mapping, site)
-            if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
-                return _project_items(prov, mapping, site, method)
-            mapping, mapping_site = returned
-        own = _own_dict(prov, mapping, mapping_site) if mapping is not None else None
-        if own is not None:  # `self.rings.items()` of `self.rings = {...}` in the class
-            mapping, mapping_site = own
-        elif isinstance(mapping, cst.Attribute):  # `params.ring_shapes`: a project property's
-            return _project_items(prov, mapping, mapping_site, method)
-        if isinstance(mapping, cst.DictComp):
-            return _comprehended_items(prov, mapping, mapping_site, method, depth)
-        if not isinstance(mapping, cst.Dict):
-            return None
-        elements = [e for e in mapping.elements if isinstance(e, cst.DictElement)]
-        if len(elements) != len(mapping.elements):
-            return None
-        if method == "keys":
-            return [(e.key, mapping_site) for e in elements]
-        if method == "values":
-            return [(e.value, mapping_site) for e in elements]
-        return [(_pair(e.key, e.value), mapping_site) for e in elements]
+        return _mapping_items(prov, expr.func.value, site, method, depth)
     return None
+
+
+def mapping_keys(prov: Provenance, mapping: cst.BaseExpression, site: Site) -> list[str] | None:
+    """The keys of the dict ``mapping`` holds, as ``mapping.keys()`` would list them, when each
+    is a known string: a literal, a local or ``self`` attribute bound to one, a function's."""
+    items = _mapping_items(prov, mapping, site, "keys", 0)
+    if items is None:
+        return None
+    keys = [string_value(prov, key, at) for key, at in items]
+    return None if any(key is None for key in keys) else [key for key in keys if key is not None]
+
+
+def _mapping_items(
+    prov: Provenance, mapping: cst.BaseExpression | None, site: Site, method: str, depth: int
+) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """``mapping.keys()``, ``.values()`` or ``.items()`` (``method``), item by item."""
+    mapping_site = site
+    if isinstance(mapping, cst.Name):
+        found = prov.lookup(mapping.value, site)
+        if not found or len(found) != 1:
+            return None
+        mapping, mapping_site = found[0][0].value, found[0][1]
+    if isinstance(mapping, cst.Call) and _zipped_dict(mapping):
+        return _zipped_items(prov, mapping, mapping_site, method, depth)
+    fields = asdict_fields(prov, mapping, mapping_site) if mapping is not None else None
+    if fields is not None:  # `state._asdict().items()` of `state: Rings`: its fields
+        keys = [cst.SimpleString(repr(name)) for name in fields]
+        if method == "keys":
+            return [(key, site) for key in keys]
+        if method == "values":
+            return None
+        return [(_pair(key, cst.Name("_")), site) for key in keys]
+    if isinstance(mapping, cst.Call):
+        returned = _returned_literal(prov, mapping, site)
+        if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
+            return _project_items(prov, mapping, site, method)
+        mapping, mapping_site = returned
+    own = own_dict(prov, mapping, mapping_site) if mapping is not None else None
+    if own is not None:  # `self.rings.items()` of `self.rings = {...}` in the class
+        mapping, mapping_site = own
+    elif isinstance(mapping, cst.Attribute):  # `params.ring_shapes`: a project property's
+        return _project_items(prov, mapping, mapping_site, method)
+    if isinstance(mapping, cst.DictComp):
+        return _comprehended_items(prov, mapping, mapping_site, method, depth)
+    if not isinstance(mapping, cst.Dict):
+        return None
+    elements = [e for e in mapping.elements if isinstance(e, cst.DictElement)]
+    if len(elements) != len(mapping.elements):
+        return None
+    if method == "keys":
+        return [(e.key, mapping_site) for e in elements]
+    if method == "values":
+        return [(e.value, mapping_site) for e in elements]
+    return [(_pair(e.key, e.value), mapping_site) for e in elements]
 
 
 def _project_strings(
@@ -522,34 +539,6 @@ def _picked(
 
 def _pair(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.Tuple:
     return cst.Tuple([cst.Element(first), cst.Element(second)])
-
-
-def _own_dict(
-    prov: Provenance, expr: cst.BaseExpression, site: Site
-) -> tuple[cst.Dict, Site] | None:
-    """The dict literal a method of the enclosing class binds ``self.<name>`` to, when that is
-    the one value the class gives it (directly, or through a local of that method bound once)."""
-    if not (
-        isinstance(expr, cst.Attribute)
-        and isinstance(expr.value, cst.Name)
-        and expr.value.value == "self"
-    ):
-        return None
-    owner = site.enclosing_class()
-    if owner is None:
-        return None
-    from replaylint.lint.dataflow.scalars import instance_values
-
-    values = list(instance_values(prov, owner, expr.attr.value))
-    if len(values) != 1:
-        return None
-    value, where = values[0]
-    if isinstance(value, cst.Name):
-        found = prov.lookup(value.value, where)
-        if not found or len(found) != 1 or found[0][0].value is None:
-            return None
-        value, where = found[0][0].value, found[0][1]
-    return (value, where) if isinstance(value, cst.Dict) else None
 
 
 def _class_constant(

@@ -125,6 +125,7 @@ DTYPE_PRESERVING_METHODS = frozenset(
         "share_memory_", "squeeze", "t", "transpose", "unsqueeze", "view", "view_as", "zero_",
         "normal_", "uniform_", "copy_", "unflatten", "movedim", "select", "index_select",
         "split", "chunk", "unbind", "roll", "flip", "masked_fill", "masked_fill_", "index_fill_",
+        "numpy",
     }
 )  # fmt: skip
 DTYPE_PRESERVING_ATTRIBUTES = frozenset({"data", "T", "mT", "H", "mH"})

@@ -42,7 +42,7 @@ def spread_record_findings(
     if any(arg.keyword is not None for arg in call.args[:star]):
         return []
     comprehension, site = _comprehension(prov, call.args[star].value, site)
-    if comprehension is None or not isinstance(comprehension.elt, cst.Call):
+    if comprehension is None or not isinstance(comprehension.elt, (cst.Call, cst.IfExp)):
         return []
     loop = comprehension.for_in
     if loop.ifs or loop.inner_for_in is not None:

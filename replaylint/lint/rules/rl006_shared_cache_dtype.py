@@ -10,6 +10,7 @@ import libcst as cst
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.dtype_tables import looked_up_by
 from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.ring_keys import keyed_ring
 from replaylint.lint.dataflow.snapshots import filled_local, only_saved
 from replaylint.lint.dataflow.strings import (
     Iteration,
@@ -48,6 +49,7 @@ from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID, SHARED_DTYPE_VALID
 from replaylint.lint.rules.shared_helpers import LoopCall, SharedHelpers, helper_call
 from replaylint.lint.rules.tested_keys import TESTED_INVALID, TESTED_VALID, tested_iterations
+from replaylint.lint.rules.tree_maps import tree_map_finding
 from replaylint.lint.rules.unlisted_keys import (
     UNLISTED_INVALID,
     UNLISTED_VALID,
@@ -98,7 +100,8 @@ model is not float32, and no single line looks wrong.
 
 The rule evaluates the loop body or comprehension once per iteration whose name is a gate cache
 (`setattr(self, name, ...)`, `self.register_buffer(name, ...)`, `caches[name] = ...`,
-`{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included, and the
+`{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included, a key of one
+ring's layer such as `f"{name}/{layer}"` or `f"state.{name}.{layer}"` naming the ring, and the
 per-layer list `rings = getattr(self, name)` that the loop appends to or whose entries it
 replaces, `rings[i] = grown`), deciding
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
@@ -117,7 +120,10 @@ or `Rings(*parts, pos=pos)` with `parts` bound to one; keywords fill their own f
 table made by `dict.fromkeys(RINGS, dtype)` (or spread into a dict literal,
 `{**dict.fromkeys(RINGS, dtype), "write_pos": torch.int32}`) whose names include a gate cache's is
 reported at its value, once, unless a later key or a write of the gate entry in the same scope sets
-it apart; the loops that allocate from it are not reported again.
+it apart; the loops that allocate from it are not reported again. A library map that casts every
+tensor of a container whose keys include a gate cache's (`tree_map(lambda t: t.to(dtype),
+self.rings)`, Lightning's `apply_to_collection`, optree's and dm-tree's maps) is reported at the
+cast, unless the function it applies chooses by the tensor's dtype.
 """
     FIX = """\
 Where it is unambiguous. In a loop or comprehension, the dtype becomes `torch.float32 if name ==
@@ -254,8 +260,9 @@ they were (safe).
     def visit_Call(self, node: cst.Call) -> None:
         site = self.site()
         keyed = keyed_helper_finding(self.context, self.provenance, node, site)
+        mapped = tree_map_finding(self.context, self.provenance, node, site)
         spread = spread_record_findings(self.context, self.provenance, node, site)
-        for found in [*([keyed] if keyed else []), *spread]:
+        for found in [*([keyed] if keyed else []), *([mapped] if mapped else []), *spread]:
             self.report(found.node, found.message, fix=found.fix)
         if not self._loops:
             return
@@ -392,6 +399,8 @@ they were (safe).
                 if any(self.provenance.condition(i.test, site, env) is False for i in loop.ifs):
                     continue
                 name = self.provenance.string_value(key, site, env)
+                if name is None:  # `f"{name}/{layer}"`: one ring's entry of one layer
+                    name = keyed_ring(self.provenance, key, site, env)
                 if name is not None and not self.context.gate_caches.matches(name):
                     name = self._names.read_as_gate(mapping, name, site) or name  # `rings["gate"]`
                 if name is None or not self.context.gate_caches.matches(name):

@@ -5,6 +5,7 @@ other caches, and loops over cache names whose helper call passes each cache its
 from __future__ import annotations
 
 from replaylint.lint.rules.base import Invalid, Valid
+from replaylint.lint.rules.tree_maps import TREE_MAP_INVALID, TREE_MAP_VALID
 
 SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
     Invalid(
@@ -449,6 +450,69 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="is allocated in a loop over `RING_SHAPES.items()` by `_alloc`",
     ),
+    Invalid(
+        """
+        import torch
+
+        RINGS = ("d_cache", "k_cache", "g_cache")
+
+        def host_arrays(pool):
+            # one entry per ring and layer, keyed `"g_cache/0"`, `"g_cache/1"`, ...
+            arrays = {}
+            for name in RINGS:
+                for layer, ring in enumerate(getattr(pool, name)):
+                    arrays[f"{name}/{layer}"] = ring.cpu().half().numpy()
+            return arrays
+        """,
+        expected_fix="""
+        import torch
+
+        RINGS = ("d_cache", "k_cache", "g_cache")
+
+        def host_arrays(pool):
+            # one entry per ring and layer, keyed `"g_cache/0"`, `"g_cache/1"`, ...
+            arrays = {}
+            for name in RINGS:
+                for layer, ring in enumerate(getattr(pool, name)):
+                    arrays[f"{name}/{layer}"] = (ring.cpu().to(torch.float32, copy=True) if name == "g_cache" else ring.cpu().half()).numpy()
+            return arrays
+        """,
+        message_contains="the same cast (`.half()`)",
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class Rings(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+            write_pos: torch.Tensor
+
+        def to_activations(rings: Rings, x):
+            # every floating field follows the activations; the positions stay integers
+            return Rings(*(t.to(x.dtype) if t.is_floating_point() else t for t in rings))
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class Rings(NamedTuple):
+            d_cache: torch.Tensor
+            k_cache: torch.Tensor
+            g_cache: torch.Tensor
+            write_pos: torch.Tensor
+
+        def to_activations(rings: Rings, x):
+            # every floating field follows the activations; the positions stay integers
+            return Rings(*(t.to(torch.float32 if position == 2 else x.dtype) if t.is_floating_point() else t for position, t in enumerate(rings)))
+        """,
+        message_contains="the same cast (`.to(x.dtype)`)",
+    ),
+    *TREE_MAP_INVALID,
 )
 
 SHARED_DTYPE_VALID: tuple[Valid, ...] = (
@@ -499,4 +563,20 @@ SHARED_DTYPE_VALID: tuple[Valid, ...] = (
             return {name: _alloc(shape, dtypes[name]) for name, shape in RING_SHAPES.items()}
         """
     ),
+    Valid(
+        """
+        import torch
+
+        RINGS = ("d_cache", "k_cache", "g_cache")
+
+        def ring_scales(pool, dtype):
+            # `"g_cache.scale/0"` is a scale kept beside the ring, not the ring
+            scales = {}
+            for name in RINGS:
+                for layer, ring in enumerate(getattr(pool, name)):
+                    scales[f"{name}.scale/{layer}"] = ring.abs().amax().to(dtype)
+            return scales
+        """
+    ),
+    *TREE_MAP_VALID,
 )
