@@ -192,3 +192,25 @@ def got_by_name(
     ):
         return None
     return value.args[1].value
+
+
+def ring_taken_by_name(
+    provenance: Provenance, value: cst.BaseExpression, loops: Sequence[cst.CSTNode], site: Site
+) -> cst.BaseExpression | None:
+    """``name`` when ``value`` is made from ``getattr(obj, name)`` by method calls
+    (``getattr(pool, name).cpu().half()``), directly or through a local bound to it in one of
+    ``loops`` (``ring = getattr(pool, name)``)."""
+    inner = value
+    while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
+        inner = inner.func.value
+    if (
+        isinstance(inner, cst.Call)
+        and isinstance(inner.func, cst.Name)
+        and inner.func.value == "getattr"
+        and len(inner.args) == 2
+        and any(provenance.within(inner, loop) for loop in loops)
+    ):
+        return inner.args[1].value
+    if inner is value:
+        return None  # a plain name: what the list is handed is not a cast of a ring
+    return got_by_name(provenance, inner, loops, site)

@@ -24,7 +24,7 @@ from replaylint.lint.fixes.positional import positional_fix
 from replaylint.lint.fixes.reallocation import reallocates, reallocation_fix
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
-from replaylint.lint.rules.base import Rule, Valid
+from replaylint.lint.rules.base import Rule
 from replaylint.lint.rules.buffer_loops import casts_a_module
 from replaylint.lint.rules.declared_settings import declared_setting, keyword_only_setting
 from replaylint.lint.rules.dtype_comprehensions import dtype_table_finding
@@ -41,9 +41,11 @@ from replaylint.lint.rules.loop_treatment import (
     gate_name_test,
     got_by_name,
     loop_treatment,
+    ring_taken_by_name,
     shared_treatment,
     telling_variable,
 )
+from replaylint.lint.rules.own_dtype_examples import OWN_DTYPE_VALID
 from replaylint.lint.rules.read_keys import read_key_finding
 from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID, SHARED_DTYPE_VALID
@@ -103,7 +105,8 @@ The rule evaluates the loop body or comprehension once per iteration whose name 
 `{name: ... for name in ...}`, f-string names such as `f"{kind}_cache"` included, a key of one
 ring's layer such as `f"{name}/{layer}"` or `f"state.{name}.{layer}"` naming the ring, and the
 per-layer list `rings = getattr(self, name)` that the loop appends to or whose entries it
-replaces, `rings[i] = grown`), deciding
+replaces, `rings[i] = grown`, and a list handed each ring cast in turn,
+`copies.append(getattr(pool, name).half())`), deciding
 conditions on the name statically, so `dtype=torch.float32 if name == "g_cache" else dtype` is
 clean; a ring the loop loads (`setattr(cache, name, snapshot[name])`) keeps its saved dtype. For a helper defined in the same module (a function or a method called on `self`), it
 follows the helper's dtype parameter to the allocation the helper returns and checks the argument
@@ -156,86 +159,7 @@ they were (safe).
     FIX_APPLICABILITY = Applicability.SAFE
 
     VALID = (
-        Valid(
-            """
-            import torch
-
-            from .policy import restore_dtype
-
-            def load_rings(layers, state_dict, config):
-                for index, layer in enumerate(layers):
-                    for name in ("d_cache", "k_cache", "g_cache"):
-                        key = f"layers.{index}.{name}"
-                        # one dtype per ring: the policy is asked with the ring's key
-                        dtype = restore_dtype(key, config)
-                        layer.register_buffer(name, state_dict[key].to(dtype=dtype))
-            """
-        ),
-        Valid(
-            """
-            import torch
-
-            def save_snapshot(cache, path, dtype):
-                # the file's storage format: reading it back is where a cast is needed
-                rings = {name: getattr(cache, name).to(dtype) for name in ("d_cache", "g_cache")}
-                torch.save({"rings": rings, "pos": cache.pos}, path)
-            """
-        ),
-        Valid(
-            """
-            import torch
-
-            class Rings(torch.nn.Module):
-                def __init__(self, shapes, dtype):
-                    super().__init__()
-                    for name in ("d_cache", "k_cache", "g_cache"):
-                        ring_dtype = torch.float32 if name == "g_cache" else dtype
-                        self.register_buffer(name, torch.zeros(shapes[name], dtype=ring_dtype))
-            """
-        ),
-        Valid(
-            """
-            import torch
-            DTYPES = {"d_cache": torch.bfloat16, "k_cache": torch.bfloat16, "g_cache": torch.float32}
-            caches = {name: torch.empty(shape, dtype=DTYPES[name]) for name in DTYPES}
-            """
-        ),
-        Valid(
-            """
-            import torch
-
-            def _ring(shape, dtype, device):
-                return torch.zeros(shape, dtype=dtype, device=device)
-
-            def build(self, c, device):
-                self.d_cache = _ring(c.d_shape, c.dtype, device)
-                self.k_cache = _ring(c.k_shape, c.dtype, device)
-                self.g_cache = _ring(c.g_shape, torch.float32, device)
-            """
-        ),
-        Valid(
-            """
-            import torch
-            # only d and k share the model dtype
-            for name in ("d_cache", "k_cache"):
-                setattr(pool, name, torch.zeros(shape, dtype=model_dtype))
-            pool.g_cache = torch.zeros(shape, dtype=torch.float32)
-            """
-        ),
-        Valid(
-            """
-            import torch
-            NAMES = ("d_cache", "k_cache", "g_cache")
-            DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32)
-
-            class Rings(torch.nn.Module):
-                def __init__(self, shape):
-                    super().__init__()
-                    # a dtype per iteration: the gate cache's is float32
-                    for name, dtype in zip(NAMES, DTYPES):
-                        self.register_buffer(name, torch.zeros(shape, dtype=dtype))
-            """
-        ),
+        *OWN_DTYPE_VALID,
         *FROMKEYS_VALID,
         *UNLISTED_VALID,
         *TESTED_VALID,
@@ -285,6 +209,12 @@ they were (safe).
                 ) is not None:
                     # `rings = getattr(self, name)` ... `rings.append(...)`
                     self._keyed(named, positional[0].value, self._loops)
+                    return
+                taken = ring_taken_by_name(
+                    self.provenance, positional[0].value, self._loop_nodes(), self.site()
+                )
+                if taken is not None:  # `host.append(getattr(pool, name).half())`
+                    self._keyed(taken, positional[0].value, self._loops, casts_only=True)
                     return
                 # `for rings in (self.d_cache, self.g_cache): rings.append(...)`
                 self._keyed(
@@ -369,10 +299,12 @@ they were (safe).
         *,
         by: bool = False,
         lists_only: bool = False,
+        casts_only: bool = False,
     ) -> None:
         """``value`` (or the element of a per-layer list) is stored under the name ``key`` (of
         the local ``mapping``, when it is one); ``lists_only``: only where the name's caches
-        are lists (an element written into a tensor is a copy, which casts)."""
+        are lists (an element written into a tensor is a copy, which casts); ``casts_only``:
+        only a cast written in ``value`` (the ring the loop names, cast where it is stored)."""
         value = value.elt if isinstance(value, (cst.ListComp, cst.GeneratorExp)) else value
         if not isinstance(value, (cst.Call, cst.IfExp, cst.Name, cst.Subscript)):  # no dataflow yet
             return
@@ -424,6 +356,10 @@ they were (safe).
                 for fact in facts:
                     if by and unlisted and fact.kind is Kind.LOADED:
                         continue  # `setattr` of every entry of a loaded mapping: RL005's
+                    if casts_only and not (
+                        fact.kind is Kind.CAST and self.provenance.within(fact.node, value)
+                    ):
+                        continue
                     if (
                         fact.kind in _REPORTED
                         and not looked_up_by(fact, loop.target, loop.node)

@@ -5,6 +5,7 @@ other caches, and loops over cache names whose helper call passes each cache its
 from __future__ import annotations
 
 from replaylint.lint.rules.base import Invalid, Valid
+from replaylint.lint.rules.layer_key_examples import LAYER_KEY_INVALID, LAYER_KEY_VALID
 from replaylint.lint.rules.tree_maps import TREE_MAP_INVALID, TREE_MAP_VALID
 
 SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
@@ -452,35 +453,6 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
     ),
     Invalid(
         """
-        import torch
-
-        RINGS = ("d_cache", "k_cache", "g_cache")
-
-        def host_arrays(pool):
-            # one entry per ring and layer, keyed `"g_cache/0"`, `"g_cache/1"`, ...
-            arrays = {}
-            for name in RINGS:
-                for layer, ring in enumerate(getattr(pool, name)):
-                    arrays[f"{name}/{layer}"] = ring.cpu().half().numpy()
-            return arrays
-        """,
-        expected_fix="""
-        import torch
-
-        RINGS = ("d_cache", "k_cache", "g_cache")
-
-        def host_arrays(pool):
-            # one entry per ring and layer, keyed `"g_cache/0"`, `"g_cache/1"`, ...
-            arrays = {}
-            for name in RINGS:
-                for layer, ring in enumerate(getattr(pool, name)):
-                    arrays[f"{name}/{layer}"] = (ring.cpu().to(torch.float32, copy=True) if name == "g_cache" else ring.cpu().half()).numpy()
-            return arrays
-        """,
-        message_contains="the same cast (`.half()`)",
-    ),
-    Invalid(
-        """
         from typing import NamedTuple
 
         import torch
@@ -513,6 +485,7 @@ SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
         message_contains="the same cast (`.to(x.dtype)`)",
     ),
     *TREE_MAP_INVALID,
+    *LAYER_KEY_INVALID,
 )
 
 SHARED_DTYPE_VALID: tuple[Valid, ...] = (
@@ -563,20 +536,6 @@ SHARED_DTYPE_VALID: tuple[Valid, ...] = (
             return {name: _alloc(shape, dtypes[name]) for name, shape in RING_SHAPES.items()}
         """
     ),
-    Valid(
-        """
-        import torch
-
-        RINGS = ("d_cache", "k_cache", "g_cache")
-
-        def ring_scales(pool, dtype):
-            # `"g_cache.scale/0"` is a scale kept beside the ring, not the ring
-            scales = {}
-            for name in RINGS:
-                for layer, ring in enumerate(getattr(pool, name)):
-                    scales[f"{name}.scale/{layer}"] = ring.abs().amax().to(dtype)
-            return scales
-        """
-    ),
     *TREE_MAP_VALID,
+    *LAYER_KEY_VALID,
 )
