@@ -83,7 +83,8 @@ def _covered(rule: Rule, call: cst.Call) -> bool:
 
 def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> bool:
     """Whether the cast's result is kept as a copy of the ring's rows: appended to a list
-    (``out.append(g[idx].half())``), saved (``torch.save(g.half(), path)``), or a value of a
+    (``out.append(g[idx].half())``), saved (``torch.save(g.half(), path)``), written into a
+    tensor (``dst.copy_(g.bfloat16())``, ``dst[slot] = g[slot].half()``), or a value of a
     list or dict literal that is (a payload, a snapshot) or that a function returns, with no
     computation on the way. A literal's own key naming a gate cache is judged as that binding
     instead."""
@@ -100,9 +101,14 @@ def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> b
             continue
         if isinstance(parent, cst.Arg):
             continue
-        if isinstance(parent, cst.Call):  # appended, or written to a file
+        if isinstance(parent, cst.Call):  # appended, written to a file or into a tensor
             called = (dotted_name(parent.func) or "").rpartition(".")[2]
-            return called == "append" or called in _SAVERS
+            return method_name(parent) in {"append", "copy_"} or called in _SAVERS
+        if isinstance(parent, cst.Assign):
+            # `ring[slot] = other.g_cache[slot].half()`: the rounded rows written into a tensor
+            return not contained and all(
+                isinstance(t.target, cst.Subscript) for t in parent.targets
+            )
         # `return [g[idx].half() for g in self.g_cache]`: copies handed out (a gate-cache name
         # returned cast is judged with the function's returns)
         return contained and isinstance(parent, cst.Return) and not named
@@ -211,6 +217,16 @@ READ_VALID: tuple[Valid, ...] = (
         """
         import torch
 
+        def migrate_slot(dst, src, slot, into):
+            # a copy between two gate rings in the receiving ring's dtype
+            dst.g_cache[into] = src.g_cache[slot].to(dst.g_cache.dtype)
+            dst.d_cache[into].copy_(src.d_cache[slot].to(dst.d_cache.dtype))
+        """
+    ),
+    Valid(
+        """
+        import torch
+
         def materialize_state(cache, slot, cursor, x):
             # the ring's rows summed in float32; moved, not cast
             prefix = cache.g_cache[slot, :, :cursor].float().cumsum(dim=1)
@@ -220,6 +236,23 @@ READ_VALID: tuple[Valid, ...] = (
     ),
 )
 READ_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+
+        def migrate_slot(dst, src, slot, into):
+            # rounded to bf16 on the way: the float32 ring receives bf16 log-decays
+            dst.g_cache[into].copy_(src.g_cache[slot].bfloat16(), non_blocking=True)
+        """,
+        expected_fix="""
+        import torch
+
+        def migrate_slot(dst, src, slot, into):
+            # rounded to bf16 on the way: the float32 ring receives bf16 log-decays
+            dst.g_cache[into].copy_(src.g_cache[slot].to(torch.float32, copy=True), non_blocking=True)
+        """,
+        message_contains="and stored (a copy loses the precision",
+    ),
     Invalid(
         """
         import torch
