@@ -9,6 +9,7 @@ operand's dtype (a bf16 activation scaled by a float32 0-dim buffer stays bf16).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -123,7 +124,7 @@ def _scalar(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env) ->
             or (
                 binding.kind == "param"
                 and isinstance(binding.node, cst.Param)
-                and _numeric_annotation(binding.node.annotation)
+                and _number_parameter(binding.node)
             )
             for binding, where in found or ()
         )
@@ -139,6 +140,28 @@ def _one_number(prov: Provenance, expr: cst.BaseExpression, site: Site, env: Env
     if isinstance(expr, (cst.Attribute, cst.Subscript)):
         return True  # `torch.tensor(config.gate_logit_normalizer)`, `torch.tensor(header["base"])`
     return is_scalar(prov, expr, site, env)
+
+
+# words that name a number a formula scales or bounds by (`lower_bound=None`, `temperature=1.0`)
+_NUMBER_WORDS = re.compile(r"bound|scale|normali[sz]er|temperature|eps|factor|coef", re.IGNORECASE)
+
+
+def _number_parameter(param: cst.Param) -> bool:
+    """A parameter that holds a number: annotated as one, or with no annotation and a number
+    as its default, or None as its default and a name that says it bounds or scales by one
+    (``lower_bound=None``, ``gate_logit_normalizer=None``)."""
+    if param.annotation is not None:
+        return _numeric_annotation(param.annotation)
+    default = param.default
+    if isinstance(default, cst.UnaryOperation):
+        default = default.expression
+    if isinstance(default, (cst.Integer, cst.Float)):
+        return True
+    return (
+        default is not None
+        and is_none_literal(default)
+        and _NUMBER_WORDS.search(param.name.value) is not None
+    )
 
 
 def _numeric_annotation(annotation: cst.Annotation | None) -> bool:

@@ -117,6 +117,8 @@ POSITIONAL_DTYPE: dict[str, int] = {"torch.as_tensor": 1}
 # Wrappers and methods whose result has the dtype of the tensor they are given.
 DTYPE_PRESERVING_WRAPPERS = frozenset(
     {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer"}
+    # einops' rearrangements move elements, they keep the tensor's dtype
+    | {"einops.rearrange", "einops.repeat", "einops.einops.rearrange", "einops.einops.repeat"}
 )
 DTYPE_PRESERVING_METHODS = frozenset(
     {

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, Kind, TensorFact
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.computed_examples import COMPUTED_INVALID, COMPUTED_VALID
+from replaylint.lint.rules.split_gate_returns import SPLIT_INVALID, SPLIT_VALID, report_split_return
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 
 
@@ -164,6 +167,7 @@ copies, so a view of the caller's tensor stops sharing its storage.
             """
         ),
         *COMPUTED_VALID,
+        *SPLIT_VALID,
     )
 
     INVALID = (
@@ -444,7 +448,11 @@ copies, so a view of the caller's tensor stops sharing its storage.
             message_contains="`torch.set_default_dtype(config.torch_dtype)` sets to a dtype",
         ),
         *COMPUTED_INVALID,
+        *SPLIT_INVALID,
     )
+
+    def visit_Return(self, node: cst.Return) -> None:
+        report_split_return(self, node)
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         facts = self.facts(binding)

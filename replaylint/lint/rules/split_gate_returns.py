@@ -1,0 +1,131 @@
+"""RL003's gate functions whose paths disagree: one return computes the log-decays in float32,
+another in the activations' dtype.
+
+``def log_decay(self, x)`` returns ``-self.A_log.float().exp() * F.softplus(logits.float())``
+on one path and ``self.lower_bound * logits.sigmoid()`` on the other: the first path shows that
+its callers want float32 log-decays, the second hands them the model's dtype (bf16 in a bf16
+model), and the ring receives them rounded. A function counts when its name says it makes the
+gate (``gate``, ``decay``, ``forget`` in it, ``log_decay``, ``_gate``, ``compute_forget``), and
+a return counts as float32 when every way its value is made is float32, as the activations'
+dtype when every way is computed from activations (:mod:`replaylint.lint.dataflow.activations`).
+The finding has no fix: where the float32 cast belongs (the logits, the bound, the product)
+depends on the computation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from replaylint.lint.dataflow.facts import Kind
+from replaylint.lint.rules.base import Invalid, Rule, Valid
+from replaylint.lint.rules.wording import WHY
+from replaylint.lint.syntax.nodes import one_line
+from replaylint.lint.syntax.sites import Site
+
+__all__ = ["SPLIT_INVALID", "SPLIT_VALID", "report_split_return"]
+
+_GATE_FUNCTION = re.compile(r"gate|decay|forget", re.IGNORECASE)
+
+
+def report_split_return(rule: Rule, returned: cst.Return) -> None:
+    """Report ``returned`` when it hands out activation-dtype log-decays from a gate function
+    whose other return is float32."""
+    site = rule.site()
+    function = site.scope
+    if (
+        returned.value is None
+        or not isinstance(function, cst.FunctionDef)
+        or not _GATE_FUNCTION.search(function.name.value)
+        or function.name.value.startswith("__")
+    ):
+        return
+    facts = rule.provenance.tensor_facts(returned.value, site)
+    if not facts or not all(fact.kind is Kind.ACTIVATION for fact in facts):
+        return
+    float32_line = None
+    for other, line in _returns(function):
+        if other is returned or other.value is None:
+            continue
+        others = rule.provenance.tensor_facts(other.value, Site(site.scopes, line))
+        if others and all(fact.kind is Kind.FLOAT32 for fact in others):
+            float32_line = rule.context.line_of(other)
+            break
+    if float32_line is None:
+        return
+    name = function.name.value
+    value = one_line(rule.context.module, returned.value)
+    rule.report(
+        returned.value,
+        f"`{name}` returns log-decays computed in the activations' dtype here (`{value}`, "
+        f"{facts[0].detail}) and in float32 on line {float32_line}; compute this path in "
+        f"float32 too, or the gate ring receives them rounded ({WHY})",
+    )
+
+
+def _returns(function: cst.FunctionDef) -> Iterator[tuple[cst.Return, cst.SimpleStatementLine]]:
+    """The function's own returns (not those of functions and lambdas inside it), each with
+    its statement line."""
+    stack: list[cst.CSTNode] = [function.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                if isinstance(small, cst.Return):
+                    yield small, node
+            continue
+        stack.extend(node.children)
+
+
+SPLIT_VALID: tuple[Valid, ...] = (
+    Valid(
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class GateProjection(nn.Module):
+            def __init__(self, dim, lower_bound=None):
+                super().__init__()
+                self.proj = nn.Linear(dim, dim)
+                self.A_log = nn.Parameter(torch.zeros(dim))
+                self.lower_bound = lower_bound
+
+            def log_decay(self, x):
+                logits = self.proj(x)
+                # both paths in float32
+                if self.lower_bound is not None:
+                    return self.lower_bound * logits.float().sigmoid()
+                return -self.A_log.float().exp() * F.softplus(logits.float())
+        """
+    ),
+)
+
+SPLIT_INVALID: tuple[Invalid, ...] = (
+    Invalid(
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        class GateProjection(nn.Module):
+            def __init__(self, dim, lower_bound=None):
+                super().__init__()
+                self.proj = nn.Linear(dim, dim)
+                self.A_log = nn.Parameter(torch.zeros(dim))
+                self.lower_bound = lower_bound
+
+            def log_decay(self, x):
+                logits = self.proj(x)
+                if self.lower_bound is not None:
+                    # the bounded form: computed in the model's dtype
+                    return self.lower_bound * logits.sigmoid()
+                return -self.A_log.float().exp() * F.softplus(logits.float())
+        """,
+        message_contains="returns log-decays computed in the activations' dtype here",
+    ),
+)
