@@ -66,6 +66,12 @@ not the other). A matrix product (`x @ self.w_a`) has its operands' dtype (torch
 Log-decays computed that way and written into a float32 ring (`g_cache[slot, :, t] = x`,
 `g_cache[slot].copy_(x)`, `index_copy_`) are reported too, without a fix: the copy keeps the ring
 float32, not the digits the model's dtype lost; the cast belongs on the computation's inputs.
+So is a gate function (`log_decay`, `_gate`, `compute_forget`: a name with `gate`, `decay` or
+`forget` in it) that returns float32 log-decays on one path and ones computed from activations on
+another (`return self.lower_bound * logits.sigmoid()` beside `return -self.A_log.float().exp() *
+F.softplus(logits.float())`): its callers were written for float32, and one path hands them the
+model's dtype. A parameter that defaults to a number, or to None with a name that says it bounds
+or scales (`lower_bound=None`), is a number in these formulas.
 
 Not reported: a copy or `*_like` of a float32 tensor, and `x.clone()` of one cast with `.float()`.
 """
