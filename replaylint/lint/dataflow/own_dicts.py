@@ -24,9 +24,10 @@ __all__ = ["own_dict"]
 
 def own_dict(
     prov: Provenance, expr: cst.BaseExpression, site: Site
-) -> tuple[cst.Dict, Site] | None:
-    """The dict literal a method of the enclosing class binds ``self.<name>`` to, when that is
-    the one value the class gives it (directly, or through a local of that method bound once)."""
+) -> tuple[cst.Dict | cst.DictComp, Site] | None:
+    """The dict literal or comprehension a method of the enclosing class binds ``self.<name>``
+    to, when that is the one value the class gives it (directly, or through a local of that
+    method bound once)."""
     if not (
         isinstance(expr, cst.Attribute)
         and isinstance(expr.value, cst.Name)
@@ -48,7 +49,7 @@ def own_dict(
         if not found or len(found) != 1 or found[0][0].value is None:
             return None
         value, where = found[0][0].value, found[0][1]
-    return (value, where) if isinstance(value, cst.Dict) else None
+    return (value, where) if isinstance(value, (cst.Dict, cst.DictComp)) else None
 
 
 def _rebuilds(prov: Provenance, value: cst.BaseExpression, name: str) -> bool:

@@ -340,10 +340,10 @@ def _mapping_items(
         if method == "values":
             return None
         return [(_pair(key, cst.Name("_")), site) for key in keys]
-    if isinstance(mapping, cst.Call):
-        returned = _returned_literal(prov, mapping, site)
+    if isinstance(mapping, cst.Call):  # asked where the call is written
+        returned = _returned_literal(prov, mapping, mapping_site)
         if returned is None:  # `self.model_args.ring_shapes().items()`: a project method's
-            return _project_items(prov, mapping, site, method)
+            return _project_items(prov, mapping, mapping_site, method)
         mapping, mapping_site = returned
     own = own_dict(prov, mapping, mapping_site) if mapping is not None else None
     if own is not None:  # `self.rings.items()` of `self.rings = {...}` in the class
