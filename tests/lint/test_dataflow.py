@@ -807,3 +807,16 @@ def test_a_helper_branch_a_call_switches_off_with_a_literal_does_not_run(
     gate: str, expected: list[tuple[int, str]]
 ) -> None:
     assert _check(_FLAGGED_HELPER.format(gate=gate), "RL004") == expected
+
+
+@pytest.mark.parametrize("spelling", ["kv_data_type", "self.cache_data_type", "to_data_type(cfg)"])
+def test_a_cast_to_a_value_named_a_data_type_is_a_cast(spelling: str) -> None:
+    # FlashInfer spells a dtype `kv_data_type`: `.to(kv_data_type)` is no move to a device
+    source = f"""
+    import torch
+    def replay_args(self, cfg, kv_data_type):
+        g_cache = self.g_cache.to({spelling})
+        return g_cache
+    """
+    findings = Linter().check(textwrap.dedent(source).lstrip("\n"), "m.py")
+    assert [f.code for f in findings] == ["RL004"]

@@ -264,7 +264,7 @@ def to_argument_role(
             return "tensor"
         # a helper named for what it returns: `str_dtype_to_torch(cfg.dtype)`, `get_device()`
         callee = (binding_name(expr.func) or "").lower()
-        if "dtype" in callee:
+        if "dtype" in callee or "data_type" in callee:
             return "dtype"
         if "device" in callee:
             return "device"
@@ -274,7 +274,7 @@ def to_argument_role(
     name = binding_name(expr)
     if name is not None:
         lowered = name.lower()
-        if "dtype" in lowered:
+        if "dtype" in lowered or "data_type" in lowered:  # `kv_data_type`, FlashInfer's spelling
             return "dtype"
         if "device" in lowered or lowered in {"dev", "cuda", "cpu", "place"}:
             return "device"
