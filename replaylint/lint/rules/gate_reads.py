@@ -48,6 +48,8 @@ def report_cast_read(rule: Rule, call: cst.Call) -> None:
     stored = _stored(parents, rule.context.gate_caches, _named(rule, read))
     if _covered(rule, call) or (not stored and _judged_elsewhere(rule, call, parents)):
         return
+    if stored and _to_destination_dtype(rule, call, parents):
+        return  # `ring[i] = rows.to(ring.dtype)`: what the destination holds already
     facts = rule.provenance.tensor_facts(call, site)
     if not facts or any(f.kind is not Kind.CAST for f in facts):
         return  # float32 on some path, or not a cast the analysis reads
@@ -113,6 +115,35 @@ def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> b
         # returned cast is judged with the function's returns)
         return contained and isinstance(parent, cst.Return) and not named
     return False
+
+
+def _to_destination_dtype(rule: Rule, call: cst.Call, parents: list[cst.CSTNode]) -> bool:
+    """Whether ``call`` casts to the dtype of the tensor it is written into: ``dst[i] =
+    src[i].to(dst.dtype)``, ``dst.copy_(src.type_as(dst))``; the write would convert to that
+    dtype anyway."""
+    destination: cst.BaseExpression | None = None
+    for parent in reversed(parents):
+        if isinstance(parent, cst.Call) and method_name(parent) == "copy_":
+            assert isinstance(parent.func, cst.Attribute)
+            destination = parent.func.value
+            break
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            destination = parent.targets[0].target
+            break
+    while isinstance(destination, cst.Subscript):
+        destination = destination.value
+    if destination is None or not call.args:
+        return False
+    module = rule.context.module
+    written = module.code_for_node(destination).strip()
+    argument = call.args[0].value
+    if method_name(call) == "type_as":
+        return module.code_for_node(argument).strip() == written
+    return (
+        isinstance(argument, cst.Attribute)
+        and argument.attr.value == "dtype"
+        and module.code_for_node(argument.value).strip() == written
+    )
 
 
 def _loop_source(name: str, parents: list[cst.CSTNode], rule: Rule) -> cst.BaseExpression | None:
@@ -221,6 +252,16 @@ READ_VALID: tuple[Valid, ...] = (
             # a copy between two gate rings in the receiving ring's dtype
             dst.g_cache[into] = src.g_cache[slot].to(dst.g_cache.dtype)
             dst.d_cache[into].copy_(src.d_cache[slot].to(dst.d_cache.dtype))
+        """
+    ),
+    Valid(
+        """
+        import torch
+
+        def regrow(rings, static, n):
+            # each ring receives its rows in its own dtype, whatever it is
+            for ring in rings:
+                ring[:n] = static.g_cache[:n].to(ring.dtype)
         """
     ),
     Valid(

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import libcst as cst
 
+from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.facts import AddDtypeArgument, CastValue, Kind, TensorFact
 from replaylint.lint.fixes.drafts import FixDraft
 from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.computed_examples import COMPUTED_INVALID, COMPUTED_VALID
-from replaylint.lint.rules.split_gate_returns import SPLIT_INVALID, SPLIT_VALID, report_split_return
+from replaylint.lint.rules.split_gate_returns import (
+    SPLIT_INVALID,
+    SPLIT_VALID,
+    SplitReturn,
+    split_return,
+)
 from replaylint.lint.rules.wording import FIX_SAFETY, WHY, through
 
 
@@ -457,8 +463,22 @@ copies, so a view of the caller's tensor stops sharing its storage.
         *SPLIT_INVALID,
     )
 
+    def __init__(self, context: FileContext) -> None:
+        super().__init__(context)
+        self._split: list[SplitReturn] = []
+
     def visit_Return(self, node: cst.Return) -> None:
-        report_split_return(self, node)
+        if (found := split_return(self, node)) is not None:
+            self._split.append(found)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        within = self.provenance.within
+        for found in self._split:
+            if not any(
+                within(draft.node, found.node) or within(found.node, draft.node)
+                for draft in self.context.drafts
+            ):
+                self.report(found.node, found.message)
 
     def check_binding(self, binding: GateCacheBinding) -> None:
         facts = self.facts(binding)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import libcst as cst
 
@@ -25,14 +26,23 @@ from replaylint.lint.rules.wording import WHY
 from replaylint.lint.syntax.nodes import one_line
 from replaylint.lint.syntax.sites import Site
 
-__all__ = ["SPLIT_INVALID", "SPLIT_VALID", "report_split_return"]
+__all__ = ["SPLIT_INVALID", "SPLIT_VALID", "SplitReturn", "split_return"]
 
 _GATE_FUNCTION = re.compile(r"gate|decay|forget", re.IGNORECASE)
 
 
-def report_split_return(rule: Rule, returned: cst.Return) -> None:
-    """Report ``returned`` when it hands out activation-dtype log-decays from a gate function
-    whose other return is float32."""
+@dataclass(frozen=True)
+class SplitReturn:
+    """A finding to make once the module is read, unless another one covers its node."""
+
+    node: cst.BaseExpression
+    message: str
+
+
+def split_return(rule: Rule, returned: cst.Return) -> SplitReturn | None:
+    """The finding for ``returned`` when it hands out activation-dtype log-decays from a gate
+    function whose other return is float32. It is made at the end of the module, when no
+    finding of the gate cache the value becomes (with its fix) is at the same place."""
     site = rule.site()
     function = site.scope
     if (
@@ -41,10 +51,10 @@ def report_split_return(rule: Rule, returned: cst.Return) -> None:
         or not _GATE_FUNCTION.search(function.name.value)
         or function.name.value.startswith("__")
     ):
-        return
+        return None
     facts = rule.provenance.tensor_facts(returned.value, site)
     if not facts or not all(fact.kind is Kind.ACTIVATION for fact in facts):
-        return
+        return None
     float32_line = None
     for other, line in _returns(function):
         if other is returned or other.value is None:
@@ -54,10 +64,10 @@ def report_split_return(rule: Rule, returned: cst.Return) -> None:
             float32_line = rule.context.line_of(other)
             break
     if float32_line is None:
-        return
+        return None
     name = function.name.value
     value = one_line(rule.context.module, returned.value)
-    rule.report(
+    return SplitReturn(
         returned.value,
         f"`{name}` returns log-decays computed in the activations' dtype here (`{value}`, "
         f"{facts[0].detail}) and in float32 on line {float32_line}; compute this path in "
