@@ -679,3 +679,50 @@ def test_a_computed_ring_is_reported_where_it_is_formed() -> None:
     fixed = _fixed(source)
     assert "g_cache=log_gate.to(torch.float32)" in fixed
     assert _rows(fixed) == []
+
+
+_HELD_MIXER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Mixer(nn.Module):
+    def __init__(self, dim, lower_bound=None):
+        super().__init__()
+        self.a_proj = nn.Linear(dim, dim)
+        self.A_log = nn.Parameter(torch.zeros(dim))
+        self.lower_bound = lower_bound
+
+    def prompt_log_decay(self, a):
+        bound = self.lower_bound if self.lower_bound is not None else -8.0
+        return bound * torch.sigmoid(self.A_log.exp() * a)
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.mixer = Mixer(dim)
+        self.register_buffer("g_cache", torch.zeros(2, 2, dim, dtype=torch.float32))
+
+    def prefill(self, x, steps):
+        parts = []
+        for _ in range(steps):
+            log_decay = self.mixer.prompt_log_decay(self.mixer.a_proj(x))
+            parts.append(F.pad(log_decay.transpose(0, 1), (0, 1)))
+        self.g_cache = torch.stack(parts)
+"""
+
+
+def test_a_method_of_a_held_module_and_a_list_of_its_results_keep_the_model_dtype() -> None:
+    # `self.mixer` holds a `Mixer`: its method's result, padded and appended, is stacked into the
+    # ring; `lower_bound=None` is a bound, a number
+    assert _rows(_HELD_MIXER) == [(15, "RL003")]
+
+
+def test_a_list_read_elsewhere_is_not_followed() -> None:
+    source = _HELD_MIXER.replace(
+        "        self.g_cache = torch.stack(parts)",
+        "        self.history = parts\n        self.g_cache = torch.stack(parts)",
+    )
+    assert _rows(source) == []

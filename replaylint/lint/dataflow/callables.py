@@ -75,7 +75,9 @@ def callable_facts(
             return prov.tensor_facts(args[0].value, site, env)
         return None
     if isinstance(func, cst.Name) or (
-        isinstance(func, cst.Attribute) and isinstance(func.value, (cst.Name, cst.Call))
+        # `self.mixer.log_decay(a)`: a method of the module class an attribute holds
+        isinstance(func, cst.Attribute)
+        and isinstance(func.value, (cst.Name, cst.Call, cst.Attribute))
     ):
         return _made_by(prov, func, call, site, env)
     return None

@@ -36,6 +36,7 @@ from replaylint.lint.dataflow.torch_api import (
 )
 from replaylint.lint.syntax.nodes import keyword_arg, method_name, one_line, positional_args
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
@@ -265,10 +266,38 @@ def _parts(
         if found and len(found) == 1 and found[0][0].kind == "param":
             return [(joined, site)]  # a sequence the callers pass: its elements' facts
         if found and len(found) == 1 and found[0][0].kind == "assign":
+            value = found[0][0].value
+            if isinstance(value, cst.List) and not value.elements:
+                return _appended(joined.value, site)  # `parts = []`, `parts.append(...)`
             # only a sequence made for this join: a fix of one of its parts changes no other use
             if not prov.index.read_once(found[0][0]):
                 return None
-            value = found[0][0].value
             if isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)):
                 return _parts(prov, value, found[0][1], env)  # where the sequence was written
     return None
+
+
+def _appended(name: str, site: Site) -> list[tuple[cst.BaseExpression, Site]] | None:
+    """What the function appends to its empty list ``name``, when the list is read nowhere but
+    in those appends and the join: each appended value, where it is appended."""
+    parts: list[tuple[cst.BaseExpression, Site]] = []
+    reads = 0
+    for line in descendants(site.scope):
+        if isinstance(line, cst.Name) and line.value == name:
+            reads += 1
+        if not isinstance(line, cst.SimpleStatementLine):
+            continue
+        for small in line.body:
+            call = small.value if isinstance(small, cst.Expr) else None
+            if (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "append"
+                and isinstance(call.func.value, cst.Name)
+                and call.func.value.value == name
+                and len(call.args) == 1
+                and not call.args[0].star
+            ):
+                parts.append((call.args[0].value, Site(site.scopes, line)))
+    # the binding, the appends and this join: no other read may change what it holds
+    return parts if parts and reads == len(parts) + 2 else None
