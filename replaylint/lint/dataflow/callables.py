@@ -34,7 +34,13 @@ from replaylint.lint.dataflow.scopes import Binding, all_params
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration
 from replaylint.lint.dataflow.taken_returns import taken_returns
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
-from replaylint.lint.syntax.nodes import keyword_arg, method_name, positional_args, read_names
+from replaylint.lint.syntax.nodes import (
+    dotted_name,
+    keyword_arg,
+    method_name,
+    positional_args,
+    read_names,
+)
 from replaylint.lint.syntax.sites import ScopeNode, Site
 from replaylint.lint.syntax.traversal import syntax_children
 
@@ -108,10 +114,42 @@ def _made_by(
             return None
     probe = call if call is not None else cst.Call(func=maker)
     found_function = called_function(prov.index, prov, probe, site)
+    if (
+        found_function is None
+        and call is not None
+        and isinstance(maker, cst.Attribute)
+        and isinstance(maker.value, cst.Attribute)
+    ):
+        held = _held_method(prov, call, site)
+        if held is None:
+            return None
+        facts = _function(prov, *held, call, site, env)
+        # a method that tells nothing leaves the call what it was: a layer's output
+        return None if facts is None or all(f.kind is Kind.UNKNOWN for f in facts) else facts
     if found_function is None:
         return None
     function, scopes, bound = found_function
     return _function(prov, function, scopes, bound, call, site, env)
+
+
+def _held_method(
+    prov: Provenance, call: cst.Call, site: Site
+) -> tuple[cst.FunctionDef, tuple[ScopeNode, ...], bool] | None:
+    """``self.mixer.prompt_log_decay(a)``: the method of the one module class the attribute
+    holds (not a static method)."""
+    from replaylint.lint.dataflow.instances import method_of_instance
+
+    if not prov.enter():
+        return None
+    try:
+        found = method_of_instance(prov, call, site)
+    finally:
+        prov.leave()
+    if found is None or any(
+        dotted_name(d.decorator) == "staticmethod" for d in found[0].decorators
+    ):
+        return None
+    return found[0], found[1], True
 
 
 def returned_values(

@@ -79,20 +79,6 @@ def called_function(
                 ):
                     return None  # `Cache.rings(cache)`: the instance is an argument
                 return binding.node, (index.module, owner, binding.node), True
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute):
-        # `self.mixer.prompt_log_decay(a)`: a method of the module class the attribute holds
-        from replaylint.lint.dataflow.instances import method_of_instance
-
-        if not provenance.enter():  # the instance's class may be a method's result in turn
-            return None
-        try:
-            found = method_of_instance(provenance, call, site)
-        finally:
-            provenance.leave()
-        if found is not None and not any(
-            dotted_name(d.decorator) == "staticmethod" for d in found[0].decorators
-        ):
-            return found[0], found[1], True
     return None
 
 

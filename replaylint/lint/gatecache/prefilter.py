@@ -58,7 +58,8 @@ _TABLE_KEY = re.compile(
 
 # a function that works the log-decays out from KDA's gate parameters (`def log_decay(self, x):
 # ... return -self.A_log.exp() * F.softplus(a + self.dt_bias)`): its paths may disagree in dtype
-_GATE_PARAMETER_NEEDLES = ("a_log", "dt_bias", "lower_bound")
+# (read as `A_log.exp()`, `torch.exp(self.A_log)`: the bare word is in too many names)
+_GATE_PARAMETER_NEEDLES = ("a_log.", "a_log)")
 _GATE_FUNCTION = re.compile(r"\bdef[ \t]+\w*(?:gate|decay|forget)\w*[ \t]*\(", re.IGNORECASE)
 _GATE_ACTIVATION = re.compile(r"\b(?:sigmoid|softplus|logsigmoid)\b")
 
