@@ -1,0 +1,3 @@
+from .engines import CheckpointEngineBase, SSMStateCheckpointEngine, SyntheticCheckpointEngine
+
+__all__ = ["CheckpointEngineBase", "SSMStateCheckpointEngine", "SyntheticCheckpointEngine"]
