@@ -56,23 +56,6 @@ _TABLE_KEY = re.compile(
 )
 
 
-# a function that works the log-decays out from KDA's gate parameters (`def log_decay(self, x):
-# ... return -self.A_log.exp() * F.softplus(a + self.dt_bias)`): its paths may disagree in dtype
-# (read as `A_log.exp()`, `torch.exp(self.A_log)`: the bare word is in too many names)
-_GATE_PARAMETER_NEEDLES = ("a_log.", "a_log)")
-_GATE_FUNCTION = re.compile(r"\bdef[ \t]+\w*(?:gate|decay|forget)\w*[ \t]*\(", re.IGNORECASE)
-_GATE_ACTIVATION = re.compile(r"\b(?:sigmoid|softplus|logsigmoid)\b")
-
-
-def _computes_gates(text: str, lowered: str) -> bool:
-    """Whether ``text`` defines a gate function that computes from KDA's gate parameters."""
-    return (
-        any(needle in lowered for needle in _GATE_PARAMETER_NEEDLES)
-        and _GATE_ACTIVATION.search(text) is not None
-        and _GATE_FUNCTION.search(text) is not None
-    )
-
-
 def _ring_stems(learned: Iterable[str]) -> set[str]:
     """``forget`` of a learned ``forget_ring``: what its dtype setting is named after."""
     stems = set()
@@ -122,7 +105,6 @@ class Relevance:
         # the gate ring's field of a record of ring dtypes (`gate: torch.dtype`)
         needles += list(_RECORD_FIELD_NEEDLES)
         needles += list(_TABLE_KEY_NEEDLES)
-        needles += list(_GATE_PARAMETER_NEEDLES)
         for ending in endings:  # an ending alone would match everywhere (kv_cache): add it quoted
             needles += [ending + tail for tail in _QUOTED]
         self._built_name = re.compile(
@@ -191,5 +173,4 @@ class Relevance:
             self._built_name.search(text) is not None
             or _declares_gate_dtype_field(text)
             or _TABLE_KEY.search(text) is not None
-            or _computes_gates(text, lowered)
         )

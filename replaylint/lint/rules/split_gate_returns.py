@@ -104,6 +104,7 @@ SPLIT_VALID: tuple[Valid, ...] = (
                 self.proj = nn.Linear(dim, dim)
                 self.A_log = nn.Parameter(torch.zeros(dim))
                 self.lower_bound = lower_bound
+                self.register_buffer("g_cache", torch.zeros(4, dim, dtype=torch.float32))
 
             def log_decay(self, x):
                 logits = self.proj(x)
@@ -128,6 +129,7 @@ SPLIT_INVALID: tuple[Invalid, ...] = (
                 self.proj = nn.Linear(dim, dim)
                 self.A_log = nn.Parameter(torch.zeros(dim))
                 self.lower_bound = lower_bound
+                self.register_buffer("g_cache", torch.zeros(4, dim, dtype=torch.float32))
 
             def log_decay(self, x):
                 logits = self.proj(x)
