@@ -30,12 +30,12 @@ from replaylint.lint.dataflow.facts import (
     TensorFact,
 )
 from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.module_classes import is_static
 from replaylint.lint.dataflow.scopes import Binding, all_params
 from replaylint.lint.dataflow.strings import NO_ENV, Bound, Env, Iteration
 from replaylint.lint.dataflow.taken_returns import taken_returns
 from replaylint.lint.dataflow.torch_api import PARTIALS, TORCH_FACTORIES, TORCH_LOADERS
 from replaylint.lint.syntax.nodes import (
-    dotted_name,
     keyword_arg,
     method_name,
     positional_args,
@@ -145,9 +145,7 @@ def _held_method(
         found = method_of_instance(prov, call, site)
     finally:
         prov.leave()
-    if found is None or any(
-        dotted_name(d.decorator) == "staticmethod" for d in found[0].decorators
-    ):
+    if found is None or is_static(found[0]):
         return None
     return found[0], found[1], True
 

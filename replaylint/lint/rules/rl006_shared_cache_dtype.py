@@ -51,7 +51,7 @@ from replaylint.lint.rules.record_spreads import spread_record_findings
 from replaylint.lint.rules.shared_dtype_examples import SHARED_DTYPE_INVALID, SHARED_DTYPE_VALID
 from replaylint.lint.rules.shared_helpers import LoopCall, SharedHelpers, helper_call
 from replaylint.lint.rules.tested_keys import TESTED_INVALID, TESTED_VALID, tested_iterations
-from replaylint.lint.rules.tree_maps import tree_map_finding
+from replaylint.lint.rules.tree_map_casts import tree_map_finding
 from replaylint.lint.rules.unlisted_keys import (
     UNLISTED_INVALID,
     UNLISTED_VALID,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from replaylint.lint.rules.base import Invalid, Valid
 from replaylint.lint.rules.layer_key_examples import LAYER_KEY_INVALID, LAYER_KEY_VALID
-from replaylint.lint.rules.tree_maps import TREE_MAP_INVALID, TREE_MAP_VALID
+from replaylint.lint.rules.tree_map_casts import TREE_MAP_INVALID, TREE_MAP_VALID
 
 SHARED_DTYPE_INVALID: tuple[Invalid, ...] = (
     Invalid(
