@@ -34,7 +34,13 @@ from replaylint.lint.dataflow.torch_api import (
     TORCH_CONCATENATIONS,
     TORCH_ELEMENTWISE_FUNCTIONS,
 )
-from replaylint.lint.syntax.nodes import keyword_arg, method_name, one_line, positional_args
+from replaylint.lint.syntax.nodes import (
+    is_name,
+    keyword_arg,
+    method_name,
+    one_line,
+    positional_args,
+)
 from replaylint.lint.syntax.sites import Site
 from replaylint.lint.syntax.traversal import descendants
 
@@ -293,8 +299,7 @@ def _appended(name: str, site: Site) -> list[tuple[cst.BaseExpression, Site]] | 
                 isinstance(call, cst.Call)
                 and isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "append"
-                and isinstance(call.func.value, cst.Name)
-                and call.func.value.value == name
+                and is_name(call.func.value, name)
                 and len(call.args) == 1
                 and not call.args[0].star
             ):

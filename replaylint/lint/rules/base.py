@@ -137,6 +137,11 @@ class Rule(Visitor):
     def provenance(self) -> Provenance:
         return self.context.provenance
 
+    def covered(self, node: cst.CSTNode) -> bool:
+        """Whether a finding so far (of any rule) lies inside ``node`` or around it."""
+        within = self.provenance.within
+        return any(within(d.node, node) or within(node, d.node) for d in self.context.drafts)
+
     def facts(self, binding: GateCacheBinding) -> tuple[TensorFact, ...]:
         """How the value bound to the gate cache got its dtype, one fact per way; none when the
         module uses the name as a mapping (a compiled-graph cache named like a gate cache)."""

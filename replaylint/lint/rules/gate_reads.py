@@ -46,7 +46,7 @@ def report_cast_read(rule: Rule, call: cst.Call) -> None:
     if read is None:
         return
     stored = _stored(parents, rule.context.gate_caches, _named(rule, read))
-    if _covered(rule, call) or (not stored and _judged_elsewhere(rule, call, parents)):
+    if rule.covered(call) or (not stored and _judged_elsewhere(rule, call, parents)):
         return
     if stored and _to_destination_dtype(rule, call, parents):
         return  # `ring[i] = rows.to(ring.dtype)`: what the destination holds already
@@ -76,11 +76,6 @@ def _shown(rule: Rule, call: cst.Call) -> str:
 def _named(rule: Rule, read: cst.BaseExpression) -> bool:
     name = binding_name(read)
     return name is not None and rule.context.gate_caches.matches(name)
-
-
-def _covered(rule: Rule, call: cst.Call) -> bool:
-    within = rule.provenance.within
-    return any(within(d.node, call) or within(call, d.node) for d in rule.context.drafts)
 
 
 def _stored(parents: list[cst.CSTNode], names: GateCacheNames, named: bool) -> bool:

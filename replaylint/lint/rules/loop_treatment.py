@@ -183,15 +183,22 @@ def got_by_name(
     if found is None or len(found) != 1:
         return None
     value = found[0][0].value
-    if not (
+    return None if value is None else _name_got_in(provenance, value, loops)
+
+
+def _name_got_in(
+    provenance: Provenance, value: cst.BaseExpression, loops: Sequence[cst.CSTNode]
+) -> cst.BaseExpression | None:
+    """``name`` when ``value`` is ``getattr(obj, name)`` written inside one of ``loops``."""
+    if (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Name)
         and value.func.value == "getattr"
         and len(value.args) == 2
         and any(provenance.within(value, loop) for loop in loops)
     ):
-        return None
-    return value.args[1].value
+        return value.args[1].value
+    return None
 
 
 def ring_taken_by_name(
@@ -203,14 +210,8 @@ def ring_taken_by_name(
     inner = value
     while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
         inner = inner.func.value
-    if (
-        isinstance(inner, cst.Call)
-        and isinstance(inner.func, cst.Name)
-        and inner.func.value == "getattr"
-        and len(inner.args) == 2
-        and any(provenance.within(inner, loop) for loop in loops)
-    ):
-        return inner.args[1].value
+    if (name := _name_got_in(provenance, inner, loops)) is not None:
+        return name
     if inner is value:
         return None  # a plain name: what the list is handed is not a cast of a ring
     return got_by_name(provenance, inner, loops, site)

@@ -472,12 +472,8 @@ copies, so a view of the caller's tensor stops sharing its storage.
             self._split.append(found)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        within = self.provenance.within
         for found in self._split:
-            if not any(
-                within(draft.node, found.node) or within(found.node, draft.node)
-                for draft in self.context.drafts
-            ):
+            if not self.covered(found.node):
                 self.report(found.node, found.message)
 
     def check_binding(self, binding: GateCacheBinding) -> None:

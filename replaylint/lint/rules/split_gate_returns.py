@@ -15,7 +15,6 @@ depends on the computation.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -56,7 +55,7 @@ def split_return(rule: Rule, returned: cst.Return) -> SplitReturn | None:
     if not facts or not all(fact.kind is Kind.ACTIVATION for fact in facts):
         return None
     float32_line = None
-    for other, line in _returns(function):
+    for other, line in rule.context.scope(function).returns:  # its own, not nested functions
         if other is returned or other.value is None:
             continue
         others = rule.provenance.tensor_facts(other.value, Site(site.scopes, line))
@@ -73,22 +72,6 @@ def split_return(rule: Rule, returned: cst.Return) -> SplitReturn | None:
         f"{facts[0].detail}) and in float32 on line {float32_line}; compute this path in "
         f"float32 too, or the gate ring receives them rounded ({WHY})",
     )
-
-
-def _returns(function: cst.FunctionDef) -> Iterator[tuple[cst.Return, cst.SimpleStatementLine]]:
-    """The function's own returns (not those of functions and lambdas inside it), each with
-    its statement line."""
-    stack: list[cst.CSTNode] = [function.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        if isinstance(node, cst.SimpleStatementLine):
-            for small in node.body:
-                if isinstance(small, cst.Return):
-                    yield small, node
-            continue
-        stack.extend(node.children)
 
 
 SPLIT_VALID: tuple[Valid, ...] = (
