@@ -39,6 +39,7 @@ import libcst as cst
 from replaylint.lint.dataflow import callers, records
 from replaylint.lint.dataflow.facts import CastValue, Kind, TensorFact
 from replaylint.lint.dataflow.helpers import called_function
+from replaylint.lint.dataflow.imported_calls import layout_argument
 from replaylint.lint.dataflow.instances import instance_classes
 from replaylint.lint.dataflow.module_classes import module_classes
 from replaylint.lint.dataflow.scalars import instance_values, is_scalar
@@ -325,9 +326,14 @@ class _Trace:
         func = call.func
         if isinstance(func, cst.Attribute) and method in _KEEPING_METHODS:
             return self.source(func.value, site, env, steps)
-        if prov.index.qualified_names(func) & TORCH_ELEMENTWISE_FUNCTIONS:
+        if prov.index.qualified_names(func) & (
+            TORCH_ELEMENTWISE_FUNCTIONS | DTYPE_PRESERVING_WRAPPERS
+        ):  # `torch.sigmoid(x)`, `rearrange(x, "b n (h d) -> b n h d", h=h)`
             positional = positional_args(call)
             return self.source(positional[0].value, site, env, steps) if positional else None
+        rearranged = layout_argument(prov, call, site)  # a project's own `rearrange(t, ...)`
+        if rearranged is not None:
+            return self.source(rearranged, site, env, steps)
         if (
             not self.passed_only
             and method not in _NOT_LAYERS

@@ -83,11 +83,18 @@ def _made(
     env: Env,
 ) -> tuple[TensorFact, ...]:
     """An allocation helper's result, or a cast helper's: ``return tensor.to(dtype)``, also as
-    ``tensor if tensor.dtype == dtype else tensor.to(dtype)`` (either branch may be taken)."""
+    ``tensor if tensor.dtype == dtype else tensor.to(dtype)`` (either branch may be taken), or a
+    layout helper's: the tensor it rearranges."""
     definition = callee.definition
     if definition[0] != "function":
         return (_allocation(evaluation, callee, value, context, call, site, env),)
     result: Value = definition[3]
+    if result[0] == "layout":  # `rearrange(t, "b n h d -> b h n d")`: the dtype of `t`
+        _, inner = evaluation.called(callee, value[2], value[3], context)
+        bound = inner.params.get(str(result[1]))
+        if not isinstance(bound, Here):
+            raise Unknown
+        return tuple(evaluation.prov.tensor_facts(bound.expr, bound.site, bound.env))
     branches = [_kept(b) for b in (result[1] if result[0] == "either" else [result])]
     if not any(_is_cast(branch) for branch in branches):
         return (_allocation(evaluation, callee, value, context, call, site, env),)
@@ -328,3 +335,33 @@ def _keyword_parameter(callee: Found, name: str) -> bool:
     definition = callee.definition
     params = definition[2] if definition[0] == "function" else definition[2][1]
     return any(p[0] == name and p[1] in {"pos", "kw"} for p in params)
+
+
+def layout_argument(prov: Provenance, call: cst.Call, site: Site) -> cst.BaseExpression | None:
+    """The argument a project function that only rearranges one parameter (``rearrange(t,
+    pattern)`` of ``.utils``, :mod:`replaylint.lint.project.layout_functions`) is called with
+    for it: what the call's result has the dtype of; None for any other call."""
+    if prov.project is None:
+        return None
+    try:
+        value = as_value(prov, call, site, {})
+        if value is None:
+            return None
+        callee = Evaluation(prov, call).target(value[1], Context(prov.project.module))
+    except (Unknown, *MALFORMED):
+        return None
+    if not isinstance(callee, Found) or callee.definition[0] != "function":
+        return None
+    result = callee.definition[3]
+    if result[0] != "layout":
+        return None
+    params = [str(p[0]) for p in callee.definition[2]]
+    wanted = str(result[1])
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == wanted:
+            return arg.value
+    position = params.index(wanted) if wanted in params else None
+    positional = [a for a in call.args if a.keyword is None]
+    if position is None or any(a.star for a in positional[: position + 1]):
+        return None
+    return positional[position].value if position < len(positional) else None

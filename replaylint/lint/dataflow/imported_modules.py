@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.annotated_returns import (
+    annotated_class,
+    iterated_pair,
+    project_function,
+)
 from replaylint.lint.dataflow.helpers import (
     CalledFunction,
     called_function,
@@ -189,7 +194,10 @@ def _instance(
             prov, func, site, depth
         )
         if local is not None:
-            return _returned_here(prov, local, depth, position)
+            returned = _returned_here(prov, local, depth, position)
+            if returned is None and position is None and local[2] is False:
+                returned = annotated_class(prov, func, site, "instance")  # `-> Cache`
+            return returned
         return _returned_class(prov, func, site, position)
     if isinstance(expr, cst.Name):
         found = prov.lookup(expr.value, site)
@@ -218,6 +226,8 @@ def _instance(
                 part = None if source is None else _part(prov, source, site, depth)
                 if part is None and source is not None:  # `for cache in self.caches`
                     part = _element(prov, source, site, depth + 1)
+                if part is None and source is None:  # `for name, cache in replay_caches(m)`
+                    part = iterated_pair(prov, binding.node, binding.statement, site)
                 classes.append(part)
             else:
                 classes.append(None)
@@ -320,6 +330,8 @@ def _element(prov: Provenance, expr: cst.BaseExpression, site: Site, depth: int)
         return classes[0] if all(c is not None and c == classes[0] for c in classes) else None
     if isinstance(expr, (cst.ListComp, cst.GeneratorExp)):
         return _instance(prov, expr.elt, site, depth + 1)
+    if isinstance(expr, cst.Call):  # `caches(model)` of `def caches(...) -> list[Cache]`
+        return annotated_class(prov, expr.func, site, "elements")
     if self_attribute(expr) and (holder := site.enclosing_class()) is not None:
         assert isinstance(expr, cst.Attribute)
         return _held_elements(prov, holder, expr.attr.value, depth + 1)
@@ -534,13 +546,12 @@ def _returned_class(
 ) -> Found | None:
     """The class a project function returns an instance of: ``return KimiModel(config)`` (with
     ``position``: ``return KimiModel(config), meta``)."""
-    value = as_value(prov, func, site, NO_ENV)
-    if value is None or value[0] != "ref" or prov.project is None:
-        return None
-    target = prov.project.resolve(str(value[2]))
-    if not isinstance(target, Found) or target.definition[0] != "function":
+    target = project_function(prov, func, site)
+    if target is None:
         return None
     result: Value = target.definition[3]
+    if result[0] != "call" and position is None:  # `def build(...) -> KimiModel`
+        return annotated_class(prov, func, site, "instance")
     if position is not None:
         elements = result[1] if result[0] == "tuple" else []
         result = elements[position] if position < len(elements) else ["unknown"]
@@ -549,6 +560,7 @@ def _returned_class(
     callee: Value = result[1]
     if callee[0] == "attr" and callee[2] in INHERITED_CONSTRUCTORS:
         callee = callee[1]
+    assert prov.project is not None
     return class_value(prov.project.index, target.module, callee)
 
 

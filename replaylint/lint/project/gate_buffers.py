@@ -157,7 +157,7 @@ def imports_gate_buffer_class(index: ProjectIndex, matches: Matches, module: str
 
 def project_bases(index: ProjectIndex, found: Found) -> set[str]:
     """The names of the project classes ``found`` derives from, at any depth."""
-    return {current.name for current in islice(_with_bases(index, found), 1, None)}
+    return {current.name for current in islice(with_bases(index, found), 1, None)}
 
 
 def class_keeps_float32(index: ProjectIndex, found: Found, matches: Matches) -> bool:
@@ -165,11 +165,11 @@ def class_keeps_float32(index: ProjectIndex, found: Found, matches: Matches) -> 
     float32 through a module cast."""
     return any(
         (facts := _facts(current)) is not None and _keeps(facts, matches)
-        for current in _with_bases(index, found)
+        for current in with_bases(index, found)
     )
 
 
-def _with_bases(index: ProjectIndex, found: Found) -> Iterator[Found]:
+def with_bases(index: ProjectIndex, found: Found) -> Iterator[Found]:
     """``found``, then the project classes it derives from, at any depth, each once."""
     stack, seen = [found], {(found.module, found.name)}
     while stack:

@@ -21,7 +21,8 @@ the guards of the returns that give it (:mod:`.return_guards`);
 ``["self", a]`` an attribute of ``self`` inside a class; ``["per_key", mapping, v]`` a dict
 comprehension with one value per key of ``mapping`` (``{name: torch.zeros(shape, dtype=dtype) for
 name, shape in shapes.items()}``), where ``v`` reads the key as ``["loop", "key"]`` and the entry
-as ``["loop", "value"]``; ``["unknown"]``.
+as ``["loop", "value"]``; ``["layout", p]`` what a function that only rearranges its parameter
+``p`` returns (:mod:`.layout_functions`); ``["unknown"]``.
 
 Only what is certain is kept: a name bound more than once, bound under a condition (``if``,
 ``try``, a loop), declared ``global``, deleted or mutated in place (``TABLE[k] = v``) is
@@ -39,6 +40,7 @@ from replaylint.lint.project import namespace_writes as nw
 from replaylint.lint.project.field_casters import field_casters
 from replaylint.lint.project.filled_mappings import filled_mapping
 from replaylint.lint.project.import_values import imported_values, module_spec
+from replaylint.lint.project.layout_functions import kept_parameter
 from replaylint.lint.project.module_casters import casters_and_forwards
 from replaylint.lint.project.module_facts import (
     constructors,
@@ -50,7 +52,9 @@ from replaylint.lint.project.module_facts import (
 from replaylint.lint.project.namespace_writes import imports_module, is_instance, may_be_module
 from replaylint.lint.project.raw_reads import raw_reads
 from replaylint.lint.project.records import CONDITIONAL, field_default, frozen, positional_fields
+from replaylint.lint.project.return_annotations import returned_annotation
 from replaylint.lint.project.return_guards import negated, return_guards, test_condition
+from replaylint.lint.project.self_attributes import list_attribute, self_attributes
 from replaylint.lint.project.widening import widened_parameters
 from replaylint.lint.project.yielded import is_generator, yielded
 from replaylint.lint.project.zipped_mappings import per_key_parts, zipped_values
@@ -58,7 +62,8 @@ from replaylint.lint.project.zipped_mappings import per_key_parts, zipped_values
 Value = list[Any]
 """A summary value (see the module docstring)."""
 Definition = list[Any]
-"""``["value", line, v]``, ``["function", line, params, v]``, ``["class", line, members, flags]``
+"""``["value", line, v]``, ``["function", line, params, v, extras]``, ``["class", line, members,
+flags]`` (``extras["annotated"]``: what the return annotation names, :mod:`.return_annotations`)
 (a member ``["method", line, v, params]``: what a plain method returns)
 (``flags["module"]``: :func:`~replaylint.lint.project.module_facts.module_facts`)
 or ``["unknown", line]``."""
@@ -191,7 +196,8 @@ class _Summariser:
         set_on: list[ast.expr] = []  # `setattr(x, ...)`: a name of a module when `x` is one
         modules: set[str] = set()  # names that may hold a module object
         for node in ast.walk(self.tree):
-            self._list_attribute(node)
+            if (listed := list_attribute(node)) is not None:
+                self.lists.add(listed)
             if isinstance(node, (ast.Global, ast.Nonlocal)):
                 self.spoiled.update(node.names)
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -235,46 +241,25 @@ class _Summariser:
         # a loop variable or a local object (`setattr(rings, name, t)`) is no module
         self.writes_names = self.writes_names or any(may_be_module(t, modules) for t in set_on)
 
-    def _list_attribute(self, node: ast.AST) -> None:
-        """``self.x = [...]``, ``self.x: list[T] = ...``, ``self.x.append(...)``: ``x`` holds a list."""
-        target: ast.expr | None = None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            if isinstance(node.value, (ast.List, ast.ListComp)):
-                target = node.targets[0]
-        elif isinstance(node, ast.AnnAssign):
-            annotation = node.annotation
-            written = dotted(
-                annotation.value if isinstance(annotation, ast.Subscript) else annotation
-            )
-            if written in {"list", "List", "typing.List"} or isinstance(
-                node.value, (ast.List, ast.ListComp)
-            ):
-                target = node.target
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in {"append", "insert", "extend"}
-        ):
-            target = node.func.value
-        if (
-            isinstance(target, ast.Attribute)
-            and isinstance(target.value, ast.Name)
-            and target.value.id == "self"
-        ):
-            self.lists.add(target.attr)
-
     # ------------------------------------------------------------------ functions and classes
     def _function(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> Definition:
         params = _params(self, function.args)
+        extras: dict[str, Any] = {}
+        annotated = returned_annotation(function.returns, _Values(self, {}).value)
+        if annotated is not None:
+            extras["annotated"] = annotated
         if params is None or isinstance(function, ast.AsyncFunctionDef):
-            return ["function", function.lineno, [], UNKNOWN]
+            return ["function", function.lineno, [], UNKNOWN, extras]
         if any(
             _decorator_name(d)
             not in {"staticmethod", "functools.cache", "cache", "lru_cache", "functools.lru_cache"}
             for d in function.decorator_list
         ):
-            return ["function", function.lineno, params, UNKNOWN]
-        return ["function", function.lineno, params, self._result(function, params)]
+            return ["function", function.lineno, params, UNKNOWN, extras]
+        result = self._result(function, params)
+        if result[0] != "const" and (kept := kept_parameter(function)) is not None:
+            result = ["layout", kept]  # `def rearrange(t, pattern)`: a tensor of t's dtype
+        return ["function", function.lineno, params, result, extras]
 
     def _result(self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]) -> Value:
         """What a straight-line body returns, its locals substituted; unknown otherwise."""
@@ -429,6 +414,7 @@ class _Summariser:
                 members[name] = entry
         for name in spoiled:
             members[name] = ["unknown", cls.lineno, UNKNOWN]
+        flags["attributes"] = self_attributes(cls)
         flags["fields"] = positional_fields(cls) if flags["record"] else None
         flags["constructors"] = constructors(cls)
         casting = field_casters(cls) if flags["record"] else {}

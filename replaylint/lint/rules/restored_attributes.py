@@ -18,6 +18,7 @@ import libcst as cst
 
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import Kind, TensorFact
+from replaylint.lint.dataflow.held_gate_attributes import held_gate_attributes
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import method_name, positional_args
@@ -91,6 +92,8 @@ def restored_by_setattr(
             gate_caches = _gate_attributes(prov, owner.value, names, site)
         if read_elsewhere is not None:
             gate_caches = tuple(sorted({*gate_caches, *read_elsewhere(owner)}))
+        # `self.pool` of `self.pool = RingPool(...)`: the attributes its class keeps
+        gate_caches = tuple(sorted({*gate_caches, *held_gate_attributes(prov, names, owner, site)}))
         if not gate_caches:
             continue
         loads = [f for f in prov.tensor_facts(iterable.func.value, site) if f.kind is Kind.LOADED]

@@ -48,8 +48,10 @@ not a checkpoint.
 
 A loop that restores every entry of a loaded mapping as an attribute (`for name, t in
 snapshot.items(): setattr(cache, name, t)`) is reported when the object holds a gate cache (the
-function, its class or the object's class names `cache.g_cache`): that attribute comes back as
-saved. The fix casts the entry for the gate cache's name only (`t.to(torch.float32) if name ==
+function, its class or the object's class names `cache.g_cache`; the object's class is also found
+for an attribute, `self.pool = RingPool(...)`, and for a loop over a function annotated to return
+`Iterator[tuple[str, ReplayCache]]`, in this module or another module of the project): that
+attribute comes back as saved. The fix casts the entry for the gate cache's name only (`t.to(torch.float32) if name ==
 "g_cache" else t`).
 
 `module.load_state_dict(checkpoint, assign=True)` is the exception: it keeps the loaded tensors
@@ -422,6 +424,51 @@ loaded value — device, shape, layout — changes.
                 return cache
             """,
             message_contains="restored by `setattr` from every entry of",
+        ),
+        Invalid(
+            """
+            import torch
+
+            class RingPool:
+                def __init__(self, shapes, dtype):
+                    for name, shape in shapes.items():
+                        kind = torch.float32 if name == "g_cache" else dtype
+                        setattr(self, name, torch.zeros(shape, dtype=kind))
+
+                def layer(self, i):
+                    return self.d_cache[i], self.k_cache[i], self.g_cache[i]
+
+            class Engine:
+                def __init__(self, shapes, dtype):
+                    self.pool = RingPool(shapes, dtype)
+
+                def wake_up(self, path):
+                    # the pool's class keeps `g_cache`: the loop may replace it
+                    for name, tensor in torch.load(path).items():
+                        setattr(self.pool, name, tensor.to("cuda"))
+            """,
+            expected_fix="""
+            import torch
+
+            class RingPool:
+                def __init__(self, shapes, dtype):
+                    for name, shape in shapes.items():
+                        kind = torch.float32 if name == "g_cache" else dtype
+                        setattr(self, name, torch.zeros(shape, dtype=kind))
+
+                def layer(self, i):
+                    return self.d_cache[i], self.k_cache[i], self.g_cache[i]
+
+            class Engine:
+                def __init__(self, shapes, dtype):
+                    self.pool = RingPool(shapes, dtype)
+
+                def wake_up(self, path):
+                    # the pool's class keeps `g_cache`: the loop may replace it
+                    for name, tensor in torch.load(path).items():
+                        setattr(self.pool, name, tensor.to("cuda").to(torch.float32) if name == "g_cache" else tensor.to("cuda"))
+            """,
+            message_contains="`self.pool.g_cache`",
         ),
     )
 

@@ -123,4 +123,29 @@ SPLIT_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="returns log-decays computed in the activations' dtype here",
     ),
+    Invalid(
+        """
+        import torch
+        import torch.nn.functional as F
+        from einops import rearrange
+        from torch import nn
+
+        class GateProjection(nn.Module):
+            def __init__(self, dim, heads, lower_bound=None):
+                super().__init__()
+                self.heads = heads
+                self.to_gate = nn.Linear(dim, dim)
+                self.A_log = nn.Parameter(torch.zeros(heads, 1))
+                self.lower_bound = lower_bound
+                self.register_buffer("g_cache", torch.zeros(4, heads, dim, dtype=torch.float32))
+
+            def log_decay(self, x):
+                # a rearrangement keeps the layer output's dtype
+                logits = rearrange(self.to_gate(x), "b n (h d) -> b n h d", h=self.heads)
+                if self.lower_bound is not None:
+                    return self.lower_bound * logits.sigmoid()
+                return -self.A_log.float().exp() * F.softplus(logits.float())
+        """,
+        message_contains="`self.to_gate(x)`, a layer's output",
+    ),
 )

@@ -23,6 +23,7 @@ import libcst as cst
 
 from replaylint.lint.context import FileContext
 from replaylint.lint.dataflow.conditions import leaves_out
+from replaylint.lint.dataflow.held_gate_attributes import held_gate_attributes
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.dataflow.records import positional_fields
 from replaylint.lint.dataflow.strings import Iteration
@@ -64,6 +65,7 @@ def unlisted_iterations(
         return None
     gates = (
         gate_attributes_read(context, mapping, site)
+        | held_gate_attributes(context.provenance, context.gate_caches, mapping, site)
         if attributes
         else gate_keys_read(context, mapping, site)
     )

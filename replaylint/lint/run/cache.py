@@ -29,7 +29,7 @@ from replaylint._version import __version__
 from replaylint.lint.model import Applicability, Edit, Finding, Fix, Location
 
 CACHE_DIRECTORY = ".replaylint_cache"
-_FORMAT = 33
+_FORMAT = 34
 _MAX_SUMMARIES = 8192  # module summaries kept between runs (content digest -> summary)
 
 

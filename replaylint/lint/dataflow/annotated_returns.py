@@ -1,0 +1,89 @@
+"""Classes that return annotations name: ``def build(...) -> KimiModel``, ``def caches(model) ->
+list[ReplayCache]``, ``def replay_caches(model) -> Iterator[tuple[str, ReplayCache]]``.
+
+Typed code names the class of what a function returns even where its body (a walk over
+``named_modules()`` filtered by ``isinstance``) cannot be followed. The function's summary keeps
+the annotation (:mod:`replaylint.lint.project.return_annotations`); here it is read for a call, a
+loop over a call's elements, or one position of the tuples a loop unpacks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from replaylint.lint.dataflow.strings import NO_ENV
+from replaylint.lint.dataflow.summary_values import as_value
+from replaylint.lint.project.gate_buffers import class_value
+from replaylint.lint.project.index import Found
+from replaylint.lint.project.summaries import Value
+from replaylint.lint.syntax.sites import Site
+
+if TYPE_CHECKING:
+    from replaylint.lint.dataflow.provenance import Provenance
+
+__all__ = ["annotated_class", "iterated_pair", "project_function"]
+
+
+def project_function(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:
+    """The project function ``func`` names: imported, or defined at the top of this module."""
+    if prov.project is None:
+        return None
+    value = as_value(prov, func, site, NO_ENV)
+    target: object = None
+    if value is not None and value[0] == "ref":
+        target = prov.project.resolve(str(value[2]))
+    elif isinstance(func, cst.Name) and (found := prov.lookup(func.value, site)):
+        if not all(
+            binding.kind == "definition" and where.scope is prov.index.module
+            for binding, where in found
+        ):
+            return None
+        target = prov.project.index.lookup(prov.project.module, func.value)
+    if not isinstance(target, Found) or target.definition[0] != "function":
+        return None
+    return target
+
+
+def annotated_class(
+    prov: Provenance,
+    func: cst.BaseExpression,
+    site: Site,
+    shape: str,
+    position: int | None = None,
+) -> Found | None:
+    """The project class the return annotation of the function ``func`` names, when it
+    returns that shape (:mod:`replaylint.lint.project.return_annotations`): an ``"instance"``,
+    its ``"elements"``, or at ``position`` of each item of its ``"pairs"``."""
+    target = project_function(prov, func, site)
+    extras = target.definition[4] if target is not None and len(target.definition) > 4 else None
+    annotated = extras.get("annotated") if isinstance(extras, dict) else None
+    if target is None or not isinstance(annotated, list) or annotated[0] != shape:
+        return None
+    assert prov.project is not None
+    named: Value | None = annotated[1]
+    if shape == "pairs":
+        positions = annotated[1]
+        named = positions[position] if position is not None and position < len(positions) else None
+    return None if named is None else class_value(prov.project.index, target.module, named)
+
+
+def iterated_pair(
+    prov: Provenance, target: cst.CSTNode, statement: cst.CSTNode, site: Site
+) -> Found | None:
+    """``cache`` of ``for name, cache in replay_caches(model)``, where the function is annotated
+    to return an iterator of tuples whose element at that position is a project class."""
+    if not (
+        isinstance(statement, cst.For)
+        and isinstance(statement.target, cst.Tuple)
+        and isinstance(statement.iter, cst.Call)
+    ):
+        return None
+    elements = [e.value for e in statement.target.elements]
+    if target not in elements or any(
+        isinstance(e, cst.StarredElement) for e in statement.target.elements
+    ):
+        return None
+    position = next(i for i, e in enumerate(elements) if e is target)
+    return annotated_class(prov, statement.iter.func, site, "pairs", position)
