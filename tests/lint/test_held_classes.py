@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from project_support import fix_in_project, lint_in_project
+from project_support import cli_rows, fix_in_project, lint_in_project, write_tree
 
 from replaylint.lint.project.return_annotations import returned_annotation
 from replaylint.lint.project.self_attributes import self_attributes
@@ -124,7 +124,10 @@ def test_a_class_summary_lists_the_attributes_its_methods_keep() -> None:
         ("ReplayCache | None", ["instance", ["name", "ReplayCache"]]),
         ("list[ReplayCache]", ["elements", ["name", "ReplayCache"]]),
         ("tuple[ReplayCache, ...]", ["elements", ["name", "ReplayCache"]]),
-        ("Iterator[Tuple[str, ReplayCache]]", ["pairs", [["name", "str"], ["name", "ReplayCache"]]]),
+        (
+            "Iterator[Tuple[str, ReplayCache]]",
+            ["pairs", [["name", "str"], ["name", "ReplayCache"]]],
+        ),
         ("tuple[ReplayCache, int]", None),  # a record, not a collection
         ("dict[str, ReplayCache]", None),
     ],
@@ -143,7 +146,9 @@ def test_a_restore_onto_an_attribute_holding_a_pool_of_another_module(tmp_path: 
     assert [(f.code, f.location.row) for f in found] == [("RL005", 19)]
     assert "`self.pool.g_cache`" in found[0].message
     fixed = fix_in_project(tmp_path, _files(), "pkg/engine.py")
-    assert 'tensor.to("cuda").to(torch.float32) if name == "g_cache" else tensor.to("cuda")' in fixed
+    assert (
+        'tensor.to("cuda").to(torch.float32) if name == "g_cache" else tensor.to("cuda")' in fixed
+    )
 
 
 def test_a_restore_that_casts_the_gate_entry_is_clean(tmp_path: Path) -> None:
@@ -172,7 +177,8 @@ def test_a_loop_over_annotated_pairs_knows_the_cache_class(tmp_path: Path) -> No
 
 def test_a_loop_that_leaves_the_gate_ring_out_is_clean(tmp_path: Path) -> None:
     offload = _OFFLOAD.replace(
-        "if tensor.is_floating_point():", 'if tensor.is_floating_point() and buffer_name != "g_cache":'
+        "if tensor.is_floating_point():",
+        'if tensor.is_floating_point() and buffer_name != "g_cache":',
     )
     assert lint_in_project(tmp_path, _files(offload=offload), "pkg/offload.py") == []
 
@@ -181,3 +187,48 @@ def test_an_unannotated_function_teaches_no_class(tmp_path: Path) -> None:
     files = _files()
     files["pkg/caches.py"] = _CACHES.replace(" -> Iterator[Tuple[str, ReplayCache]]", "")
     assert lint_in_project(tmp_path, files, "pkg/offload.py") == []
+
+
+_MODULE_CACHES = """
+from typing import Iterable, Tuple
+
+from torch import nn
+
+
+def iter_caches(model: nn.Module) -> Iterable[Tuple[str, nn.Module]]:
+    for name, module in model.named_modules():
+        if hasattr(module, "g_cache"):
+            yield name, module
+"""
+
+_NARROW = """
+import torch
+
+from .module_caches import iter_caches
+
+
+def narrow(model, dtype):
+    for _, cache in iter_caches(model):
+        for name, buf in list(cache.named_buffers(recurse=False)):
+            cache._buffers[name] = buf.to(dtype)
+    return model
+"""
+
+
+def test_a_loop_over_modules_annotated_as_any_module_casts_an_unknown_module(
+    tmp_path: Path,
+) -> None:
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        **_files(),
+        "pkg/module_caches.py": _MODULE_CACHES,
+        "pkg/narrow.py": _NARROW,
+    }
+    write_tree(tmp_path, files)
+    narrow = [row for row in cli_rows(tmp_path, "--no-cache") if row[0] == "pkg/narrow.py"]
+    assert narrow == [("pkg/narrow.py", 9, "RL004")]
+    write_tree(
+        tmp_path, {"pkg/module_caches.py": _MODULE_CACHES.replace("nn.Module]]", "object]]")}
+    )
+    narrow = [row for row in cli_rows(tmp_path, "--no-cache") if row[0] == "pkg/narrow.py"]
+    assert narrow == []

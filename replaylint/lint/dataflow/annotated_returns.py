@@ -15,15 +15,14 @@ import libcst as cst
 
 from replaylint.lint.dataflow.strings import NO_ENV
 from replaylint.lint.dataflow.summary_values import as_value
-from replaylint.lint.project.gate_buffers import class_value
-from replaylint.lint.project.index import Found
+from replaylint.lint.project.index import External, Found, Target
 from replaylint.lint.project.summaries import Value
 from replaylint.lint.syntax.sites import Site
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-__all__ = ["annotated_class", "iterated_pair", "project_function"]
+__all__ = ["annotated_class", "iterated_external", "iterated_pair", "project_function"]
 
 
 def project_function(prov: Provenance, func: cst.BaseExpression, site: Site) -> Found | None:
@@ -56,17 +55,8 @@ def annotated_class(
     """The project class the return annotation of the function ``func`` names, when it
     returns that shape (:mod:`replaylint.lint.project.return_annotations`): an ``"instance"``,
     its ``"elements"``, or at ``position`` of each item of its ``"pairs"``."""
-    target = project_function(prov, func, site)
-    extras = target.definition[4] if target is not None and len(target.definition) > 4 else None
-    annotated = extras.get("annotated") if isinstance(extras, dict) else None
-    if target is None or not isinstance(annotated, list) or annotated[0] != shape:
-        return None
-    assert prov.project is not None
-    named: Value | None = annotated[1]
-    if shape == "pairs":
-        positions = annotated[1]
-        named = positions[position] if position is not None and position < len(positions) else None
-    return None if named is None else class_value(prov.project.index, target.module, named)
+    named = _annotated(prov, func, site, shape, position)
+    return named if isinstance(named, Found) and named.definition[0] == "class" else None
 
 
 def iterated_pair(
@@ -74,6 +64,21 @@ def iterated_pair(
 ) -> Found | None:
     """``cache`` of ``for name, cache in replay_caches(model)``, where the function is annotated
     to return an iterator of tuples whose element at that position is a project class."""
+    named = _iterated(prov, target, statement, site)
+    return named if isinstance(named, Found) and named.definition[0] == "class" else None
+
+
+def iterated_external(
+    prov: Provenance, target: cst.CSTNode, statement: cst.CSTNode, site: Site
+) -> str | None:
+    """The dotted name outside the project (``torch.nn.Module``) that the annotation of the
+    function a loop unpacks gives ``target``'s position: ``for name, m in iter_caches(model)``
+    of ``def iter_caches(model) -> Iterable[Tuple[str, nn.Module]]``."""
+    named = _iterated(prov, target, statement, site)
+    return named.name if isinstance(named, External) else None
+
+
+def _iterated(prov: Provenance, target: cst.CSTNode, statement: cst.CSTNode, site: Site) -> Target:
     if not (
         isinstance(statement, cst.For)
         and isinstance(statement.target, cst.Tuple)
@@ -86,4 +91,27 @@ def iterated_pair(
     ):
         return None
     position = next(i for i, e in enumerate(elements) if e is target)
-    return annotated_class(prov, statement.iter.func, site, "pairs", position)
+    return _annotated(prov, statement.iter.func, site, "pairs", position)
+
+
+def _annotated(
+    prov: Provenance,
+    func: cst.BaseExpression,
+    site: Site,
+    shape: str,
+    position: int | None,
+) -> Target:
+    """What the return annotation of ``func`` names in that shape and position."""
+    target = project_function(prov, func, site)
+    extras = target.definition[4] if target is not None and len(target.definition) > 4 else None
+    annotated = extras.get("annotated") if isinstance(extras, dict) else None
+    if target is None or not isinstance(annotated, list) or annotated[0] != shape:
+        return None
+    assert prov.project is not None
+    named: Value | None = annotated[1]
+    if shape == "pairs":
+        positions = annotated[1]
+        named = positions[position] if position is not None and position < len(positions) else None
+    if named is None:
+        return None
+    return prov.project.index.value_target(target.module, named, (), 0)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from replaylint.lint.dataflow.index import ModuleIndex
-from replaylint.lint.syntax.nodes import dotted_name
+from replaylint.lint.syntax.nodes import decorated, dotted_name
 from replaylint.lint.syntax.sites import ScopeNode, Site
 
 if TYPE_CHECKING:
@@ -45,10 +45,7 @@ def called_function(
             method = own_method(index, cls, func.attr.value)
             if method is None:
                 continue
-            static = any(
-                isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod"
-                for d in method.decorators
-            )
+            static = decorated(method, "staticmethod")
             if cls is owner:
                 class_index = site.scopes.index(owner)
                 return method, (*site.scopes[: class_index + 1], method), not static
@@ -58,9 +55,7 @@ def called_function(
         # `Attention(cfg).ring()`, `build_attention().ring()`: a method of the instance made
         made = _made_class(index, provenance, func.value, site)
         method = own_method(index, made, func.attr.value) if made is not None else None
-        if method is None or any(
-            dotted_name(d.decorator) == "staticmethod" for d in method.decorators
-        ):
+        if method is None or decorated(method, "staticmethod"):
             return None
         assert made is not None
         return method, (index.module, made, method), True

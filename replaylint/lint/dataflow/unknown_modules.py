@@ -13,6 +13,10 @@ receiver is such a module:
   parameter unannotated or a plain ``dict`` of modules);
 * ``self`` in a class that a gate-buffer class derives from (a mixin, a base class): its methods
   run on instances of that class;
+* a loop variable that a project function's return annotation says is one (``for name, m in
+  iter_caches(model)`` of ``-> Iterable[Tuple[str, nn.Module]]``);
+* a submodule of such a module (``for owner in model.modules()``, ``named_modules()``,
+  ``children()``);
 * a receiver named ``model`` or ``module`` (``self.module``, ``engine.model``) that nothing
   else explains: a parameter without annotation, a loader's result, ``model_fn()``. What is
   named a model in a project of gate-buffer models is one; a receiver of a known class, or with
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from replaylint.lint.dataflow.annotated_returns import iterated_external
 from replaylint.lint.dataflow.helpers import called_function
 from replaylint.lint.dataflow.imported_modules import imported_class
 from replaylint.lint.dataflow.instances import MODULE_CHAIN, chain_root, instance_classes
@@ -40,6 +45,7 @@ from replaylint.lint.syntax.traversal import descendants
 
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
+    from replaylint.lint.dataflow.scopes import Binding
 
 _MODULE_TYPES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # what a model is called where nothing else says what it is
@@ -56,6 +62,8 @@ def unknown_module(
 ) -> bool:
     """Whether ``receiver`` is an ``nn.Module`` of no known class, or ``self`` in one of the
     classes named ``bases`` (classes that gate-buffer classes derive from)."""
+    if _checked_as_torch_class(prov, receiver, site):
+        return False  # `if isinstance(module, nn.Linear): module.to(dtype)`
     if _unknown(prov, receiver, site, bases, frozenset()) is True:
         return True
     return _named_model(prov, receiver, site)
@@ -180,9 +188,40 @@ def _unknown(
                 if key in seen
                 else _unknown(prov, binding.value, binding_site, bases, seen | {key})
             )
+        elif binding.kind == "loop" and (
+            iterated_external(prov, binding.node, binding.statement, binding_site) in _MODULE_TYPES
+        ):  # `for name, m in iter_caches(model)` of `-> Iterable[Tuple[str, nn.Module]]`
+            answers.append(True)
+        elif binding.kind == "loop" and (walked := _submodules_walked(binding)) is not None:
+            key = id(binding.node)  # `for owner in module.modules()`: any of its submodules
+            answers.append(
+                None if key in seen else _unknown(prov, walked, binding_site, bases, seen | {key})
+            )
         else:
             answers.append(False)
     return False if False in answers else (True if True in answers else None)
+
+
+def _submodules_walked(binding: Binding) -> cst.BaseExpression | None:
+    """``module`` of ``for m in module.modules()`` (``children()``; the second of ``for name, m
+    in module.named_modules()``) when ``binding`` is that loop's module variable."""
+    loop = binding.statement
+    if not (isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call)):
+        return None
+    func = loop.iter.func
+    if not isinstance(func, cst.Attribute):
+        return None
+    method, target = func.attr.value, loop.target
+    if method in {"modules", "children"} and target is binding.node:
+        return func.value
+    if (
+        method in {"named_modules", "named_children"}
+        and isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and target.elements[1].value is binding.node
+    ):
+        return func.value
+    return None
 
 
 def _handed_in(prov: Provenance, expr: cst.BaseExpression, site: Site) -> bool:

@@ -33,9 +33,11 @@ GENERIC_MODULE = re.compile(
     r":\s*['\"]?(?:torch\.)?(?:nn\.)?Module\b"
     r"|\b(?:self|model|module|net|network)\.(?:half|bfloat16|to|type)\s*\("
     r"|\bnn\.(?:ModuleDict|ModuleList|Sequential)\s*\("
+    r"|\._buffers\b|\.named_buffers\s*\("
 )
 """Text that may name a module of no known class: an ``nn.Module`` annotation, a cast of
-``self`` or of a receiver named like a model, or a container of modules (a file that also has a
+``self`` or of a receiver named like a model, a container of modules, or a walk over any module's
+buffers (``module._buffers``, ``named_buffers()``) (a file that also has a
 :data:`MODULE_CAST_CALL` may cast one)."""
 
 Flags = Mapping[str, Mapping[str, object]]

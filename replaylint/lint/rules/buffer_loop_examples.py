@@ -202,4 +202,47 @@ BUFFER_LOOP_INVALID: tuple[Invalid, ...] = (
         """,
         message_contains="`buf.to(self.dtype)` over `self.named_buffers()` casts",
     ),
+    Invalid(
+        """
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape, dtype):
+                super().__init__()
+                self.register_buffer("d_cache", torch.zeros(shape, dtype=dtype))
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def offload(module: nn.Module, host_dtype):
+            # each floating buffer of every submodule takes a host copy's place
+            for owner in module.modules():
+                for name, buffer in list(owner._buffers.items()):
+                    if buffer is None or not buffer.is_floating_point():
+                        continue
+                    host = torch.empty(buffer.shape, dtype=host_dtype, device="cpu")
+                    host.copy_(buffer)
+                    owner._buffers[name] = host
+        """,
+        expected_fix="""
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
+            def __init__(self, shape, dtype):
+                super().__init__()
+                self.register_buffer("d_cache", torch.zeros(shape, dtype=dtype))
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def offload(module: nn.Module, host_dtype):
+            # each floating buffer of every submodule takes a host copy's place
+            for owner in module.modules():
+                for name, buffer in list(owner._buffers.items()):
+                    if buffer is None or not buffer.is_floating_point():
+                        continue
+                    host = torch.empty(buffer.shape, dtype=torch.float32 if name.rsplit(".", 1)[-1] in ("g_cache",) else host_dtype, device="cpu")
+                    host.copy_(buffer)
+                    owner._buffers[name] = host
+        """,
+        message_contains="over `list(owner._buffers.items())` casts every floating buffer",
+    ),
 )

@@ -19,23 +19,39 @@ _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
 _CASTS = frozenset({"to", "type", "type_as", "half", "bfloat16", "float16"})
 
 
-def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | None:
-    """The module and the cast of ``for buf in module.buffers(): buf.data = buf.data.<cast>``
-    (``for name, buf in module.named_buffers()``, the cast of ``buf`` itself too)."""
-    iterable = loop.iter
+def buffers_walked(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The module whose buffers ``iterable`` walks: ``model`` of ``model.buffers()``,
+    ``model.named_buffers()``, ``model._buffers.items()`` or ``.values()``, each also in
+    ``list(...)`` (set while iterating); None for anything else."""
     if (
         isinstance(iterable, cst.Call)
         and is_name(iterable.func, "list")
         and len(iterable.args) == 1
         and isinstance(iterable.args[0].value, cst.Call)
     ):
-        iterable = iterable.args[0].value  # `list(model.named_buffers())`: set while iterating
-    if not (
-        isinstance(iterable, cst.Call)
-        and isinstance(iterable.func, cst.Attribute)
-        and iterable.func.attr.value in _BUFFER_LISTS
-        and isinstance(loop.body, cst.IndentedBlock)
+        iterable = iterable.args[0].value
+    if not (isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Attribute)):
+        return None
+    method, receiver = iterable.func.attr.value, iterable.func.value
+    if method in _BUFFER_LISTS:
+        return receiver
+    if (
+        method in {"items", "values"}
+        and not iterable.args
+        and isinstance(receiver, cst.Attribute)
+        and receiver.attr.value == "_buffers"
     ):
+        return receiver.value
+    return None
+
+
+def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | None:
+    """The module and the cast of ``for buf in module.buffers(): buf.data = buf.data.<cast>``
+    (``for name, buf in module.named_buffers()``, the cast of ``buf`` itself too, and a tensor
+    made in another dtype that takes each buffer's place: ``host = torch.empty(buf.shape,
+    dtype=dtype)``, ``module._buffers[name] = host``)."""
+    owner = buffers_walked(loop.iter)
+    if owner is None or not isinstance(loop.body, cst.IndentedBlock):
         return None
     target: cst.BaseExpression = loop.target
     key: str | None = None
@@ -46,6 +62,7 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
     if not isinstance(target, cst.Name):
         return None
     buffer = target.value
+    made = _made_in_body(loop.body, target.value)
     for statement in _statements(loop.body):
         put = _put_back(statement, key)  # `setattr(model, name, buf.to(dtype))`
         if (
@@ -54,7 +71,9 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
             and isinstance(put.func, cst.Attribute)
             and is_name(put.func.value, buffer)
         ):
-            return iterable.func.value, put
+            return owner, put
+        if isinstance(put, cst.Name) and put.value in made:
+            return owner, made[put.value]
         if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
             continue
         written, value = statement.targets[0].target, statement.value
@@ -64,16 +83,85 @@ def buffer_loop_cast(loop: cst.For) -> tuple[cst.BaseExpression, cst.Call] | Non
                 and isinstance(value.func, cst.Attribute)
                 and (_is_data_of(value.func.value, buffer) or is_name(value.func.value, buffer))
             ):
-                return iterable.func.value, value
+                return owner, value
             if _is_data_of(written, buffer) and _casts(value):
                 # `buf.data = saved.to(device, dtype=dtype)`: every buffer takes a cast tensor
                 assert isinstance(value, cst.Call)
-                return iterable.func.value, value
+                return owner, value
         elif isinstance(written, cst.Subscript):  # `exported[name] = buf.detach().to(dtype)`
             cast = _cast_in_either(value, buffer)
             if cast is not None:
-                return iterable.func.value, cast
+                return owner, cast
+            if _buffer_slot(written, key) and isinstance(value, cst.Name) and value.value in made:
+                return owner, made[value.value]  # `module._buffers[name] = host`
     return None
+
+
+MADE_WITH_DTYPE = frozenset(
+    {"empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like"}
+    | {"new_empty", "new_zeros", "new_ones", "new_full"}
+)
+
+
+def _made_in_body(block: cst.IndentedBlock, buffer: str) -> dict[str, cst.Call]:
+    """The locals the loop body binds to a tensor made with a ``dtype`` (``host =
+    torch.empty(buf.shape, dtype=self.host_dtype)``), each bound once; one made in the buffer's
+    own dtype (``dtype=buf.dtype``) casts nothing."""
+    made: dict[str, cst.Call] = {}
+    bound: dict[str, int] = {}
+    for statement in _statements(block):
+        if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+            continue
+        target, value = statement.targets[0].target, statement.value
+        if not isinstance(target, cst.Name):
+            continue
+        bound[target.value] = bound.get(target.value, 0) + 1
+        if (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in MADE_WITH_DTYPE
+            and any(
+                a.keyword is not None
+                and a.keyword.value == "dtype"
+                and not (
+                    isinstance(a.value, cst.Attribute)
+                    and a.value.attr.value == "dtype"
+                    and is_name(a.value.value, buffer)
+                )
+                for a in value.args
+            )
+        ):
+            made[target.value] = value
+    return {name: call for name, call in made.items() if bound[name] == 1}
+
+
+def _buffer_slot(written: cst.Subscript, key: str | None) -> bool:
+    """``module._buffers[name]`` under the loop's own name."""
+    index = written.slice[0].slice if len(written.slice) == 1 else None
+    return (
+        key is not None
+        and isinstance(written.value, cst.Attribute)
+        and written.value.attr.value == "_buffers"
+        and isinstance(index, cst.Index)
+        and is_name(index.value, key)
+    )
+
+
+def skipping_tests(loop: cst.CSTNode, cast: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The tests of ``if <test>: continue`` statements of the loop's body before the statement
+    that holds ``cast`` (``if buf is None or name in keep: continue``): the cast runs when each
+    is false."""
+    if not (isinstance(loop, cst.For) and isinstance(loop.body, cst.IndentedBlock)):
+        return []
+    tests: list[cst.BaseExpression] = []
+    for line in loop.body.body:
+        if any(node is cast for node in descendants(line)):
+            break
+        if isinstance(line, cst.If) and isinstance(line.body, cst.IndentedBlock):
+            lines = [s for s in line.body.body if isinstance(s, cst.SimpleStatementLine)]
+            if any(isinstance(small, cst.Continue) for s in lines for small in s.body):
+                tests.append(line.test)
+    return tests
 
 
 def buffer_name_variable(
@@ -91,7 +179,8 @@ def buffer_name_variable(
     if not (
         isinstance(iterable, cst.Call)
         and isinstance(iterable.func, cst.Attribute)
-        and iterable.func.attr.value == "named_buffers"
+        and iterable.func.attr.value in {"named_buffers", "items"}
+        and buffers_walked(iterable) is not None
         and isinstance(target, cst.Tuple)
         and len(target.elements) == 2
         and isinstance(name := target.elements[0].value, cst.Name)
@@ -175,8 +264,13 @@ def _cast_of(value: cst.BaseExpression, buffer: str) -> cst.Call | None:
 
 def as_module_cast(owner: cst.BaseExpression, cast: cst.Call) -> cst.Call:
     """``model.half()`` for the cast ``buf.half()`` of each buffer of ``model``;
-    ``buf.type_as(x)`` is ``model.to(x.dtype)``."""
+    ``buf.type_as(x)`` is ``model.to(x.dtype)``, a tensor made with ``dtype=d`` in each
+    buffer's place ``model.to(d)``."""
     assert isinstance(cast.func, cst.Attribute)
+    dtype_arg = next((a for a in cast.args if a.keyword and a.keyword.value == "dtype"), None)
+    if cast.func.attr.value in MADE_WITH_DTYPE and dtype_arg is not None:
+        # `torch.empty(buf.shape, dtype=dtype)` in each buffer's place: `model.to(dtype)`
+        return cst.Call(cst.Attribute(owner, cst.Name("to")), [cst.Arg(dtype_arg.value)])
     if cast.func.attr.value == "type_as" and len(cast.args) == 1:
         dtype = cst.Attribute(cast.args[0].value, cst.Name("dtype"))
         return cst.Call(cst.Attribute(owner, cst.Name("to")), [cst.Arg(dtype)])
@@ -191,12 +285,8 @@ def buffer_comprehension_cast(
     too; a conditional value casts in either branch), unless a filter may leave the gate
     buffer out (``if name != "g_cache"``)."""
     for_in = comprehension.for_in
-    iterable = for_in.iter
-    if for_in.inner_for_in is not None or not (
-        isinstance(iterable, cst.Call)
-        and isinstance(iterable.func, cst.Attribute)
-        and iterable.func.attr.value in _BUFFER_LISTS
-    ):
+    owner = buffers_walked(for_in.iter)
+    if for_in.inner_for_in is not None or owner is None:
         return None
     if any(_excludes(test.test) for test in for_in.ifs):
         return None
@@ -207,7 +297,7 @@ def buffer_comprehension_cast(
         return None
     value = comprehension.value if isinstance(comprehension, cst.DictComp) else comprehension.elt
     cast = _cast_in_either(value, target.value)
-    return None if cast is None else (iterable.func.value, cast)
+    return None if cast is None else (owner, cast)
 
 
 def state_dict_cast(comprehension: cst.DictComp) -> cst.Call | None:

@@ -13,6 +13,35 @@ MODULE_CAST_VALID: tuple[Valid, ...] = (
         from torch import nn
 
         class ReplayPool(nn.Module):
+            _keep_in_fp32_buffers = ("g_cache",)
+
+            def __init__(self, shape, dtype):
+                super().__init__()
+                self.register_buffer("d_cache", torch.zeros(shape, dtype=dtype))
+                self.register_buffer("g_cache", torch.zeros(shape, dtype=torch.float32))
+
+        def cast_buffers(model: nn.Module, dtype):
+            for module in model.modules():
+                keep = getattr(module, "_keep_in_fp32_buffers", ())
+                for name, buf in list(module._buffers.items()):
+                    # the buffers a module names stay as they are
+                    if buf is None or name in keep:
+                        continue
+                    module._buffers[name] = buf.to(dtype)
+
+        def narrow_rings(pool: ReplayPool, dtype):
+            for name, buf in list(pool._buffers.items()):
+                if name == "g_cache":
+                    continue
+                pool._buffers[name] = buf.to(dtype)
+        """
+    ),
+    Valid(
+        """
+        import torch
+        from torch import nn
+
+        class ReplayPool(nn.Module):
             def __init__(self, shape, dtype):
                 super().__init__()
                 self.dtype = dtype

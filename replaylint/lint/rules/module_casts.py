@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from replaylint.lint.context import FileContext
-from replaylint.lint.dataflow.conditions import leaves_out
+from replaylint.lint.dataflow.conditions import condition, leaves_out
 from replaylint.lint.dataflow.facts import DtypeFact
 from replaylint.lint.dataflow.given_submodules import given_gate_holder
 from replaylint.lint.dataflow.imported_modules import imported_gate_buffer
@@ -40,6 +40,7 @@ from replaylint.lint.rules.buffer_loops import (
     buffer_loop_cast,
     buffer_name_variable,
     kept_per_buffer,
+    skipping_tests,
     state_dict_cast,
     tests_above,
 )
@@ -49,8 +50,9 @@ from replaylint.lint.rules.wording import (
     module_cast_message,
     unknown_module_cast_message,
 )
-from replaylint.lint.syntax.nodes import keyword_arg, one_line, positional_args
+from replaylint.lint.syntax.nodes import is_name, keyword_arg, one_line, positional_args
 from replaylint.lint.syntax.sites import Site
+from replaylint.lint.syntax.traversal import descendants
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,16 @@ class ModuleCasts:
             return False
         statement, tests = tests_above(loop, cast)
         at = site if statement is None else Site(site.scopes, statement)
-        return all(leaves_out(self._prov, tests, at, {key: name}) for name in buffers)
+        skips = [test for test in skipping_tests(loop, cast) if _compares(test, key)]
+        tests = [*tests, *((test, False) for test in skips)]
+
+        def left_out(name: str) -> bool:  # `if name in keep: continue` with `keep` unknown too
+            env = {key: name}
+            return leaves_out(self._prov, tests, at, env) or any(
+                condition(self._prov, test, at, env) is None for test in skips
+            )
+
+        return all(left_out(name) for name in buffers)
 
     def _past_apply(self, whole: cst.Call, site: Site) -> ModuleCastFinding | None:
         """The cast of every buffer of an instance of a class of the module that keeps its gate
@@ -356,3 +367,12 @@ def _as_cast(receiver: cst.BaseExpression, dtype: str) -> cst.Call:
         return cst.Call(cst.Attribute(receiver, cst.Name(method)))
     keyword = cst.Arg(cst.Name(_HELPER_DTYPE), keyword=cst.Name("dtype"))
     return cst.Call(cst.Attribute(receiver, cst.Name("to")), [keyword])
+
+
+def _compares(test: cst.BaseExpression, name: str) -> bool:
+    """Whether ``test`` compares the buffer's name itself (``name in keep``, ``name ==
+    "g_cache"``); a test of its text (``name.startswith(prefix)``) is read with a bare
+    attribute name, which a dotted buffer path is not, so it decides nothing here."""
+    return any(
+        isinstance(node, cst.Comparison) and is_name(node.left, name) for node in descendants(test)
+    )

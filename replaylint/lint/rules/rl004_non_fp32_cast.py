@@ -13,7 +13,7 @@ from replaylint.lint.gatecache.bindings import GateCacheBinding
 from replaylint.lint.model import Applicability
 from replaylint.lint.rules.base import Invalid, Rule, Valid
 from replaylint.lint.rules.buffer_loop_examples import BUFFER_LOOP_INVALID
-from replaylint.lint.rules.buffer_loops import buffer_name_variable
+from replaylint.lint.rules.buffer_loops import MADE_WITH_DTYPE, buffer_name_variable
 from replaylint.lint.rules.container_casts import container_cast_message
 from replaylint.lint.rules.gate_reads import READ_INVALID, READ_VALID, report_cast_read
 from replaylint.lint.rules.module_cast_examples import MODULE_CAST_INVALID, MODULE_CAST_VALID
@@ -79,8 +79,12 @@ and an element of a list of gate-buffer modules, held directly or returned by a 
 (`for cache in self.kv_cache`). A copy (`copy.deepcopy(pool)`) is an instance of its original's
 class, and a loop that casts every buffer (`for name, buf in model.named_buffers(): buf.data =
 buf.data.to(dtype)`, `buf = buf.to(dtype)` or `out[name] = buf.detach().cpu().type_as(x)` on its
-way elsewhere, also under an `if buf.is_floating_point():`, or a comprehension of such casts) is
-the module cast written out, and so is `model.load_state_dict(sd, assign=True)` of a state dict
+way elsewhere, also under an `if buf.is_floating_point():`, or a comprehension of such casts;
+`module._buffers.items()` too, and a tensor made in another dtype that takes each buffer's place,
+`host = torch.empty(buf.shape, dtype=host_dtype)`, `module._buffers[name] = host`) is
+the module cast written out (a submodule of a module of no known class, `for owner in
+model.modules()`, is one of no known class too; a loop that skips buffers by name, `if name in
+keep: continue`, casts the gate buffer only where that test lets it through), and so is `model.load_state_dict(sd, assign=True)` of a state dict
 whose every value was cast (`{k: v.to(dtype) for k, v in sd.items()}`: `assign=True` makes the
 cast tensors the module's own; without it they are copied into the float32 buffers). A loop is
 reported at its cast and a load at the call, without a fix (the guard would go before them). A loop over `parameters()` leaves the
@@ -435,10 +439,13 @@ every buffer keeps its cast for the others and makes the gate buffers float32
         self.report(cast, message, fix=fix)
 
     def _dtype_argument(self, cast: cst.Call, site: Site) -> cst.BaseExpression | None:
-        """The dtype argument of ``x.to(..., dtype)`` or ``x.to(dtype=...)``; None otherwise."""
+        """The dtype argument of ``x.to(..., dtype)``, ``x.to(dtype=...)`` or of a tensor made
+        in each buffer's place, ``torch.empty(buf.shape, dtype=...)``; None otherwise."""
+        keyword = keyword_arg(cast, "dtype")
+        if method_name(cast) in MADE_WITH_DTYPE:
+            return None if keyword is None else keyword.value
         if method_name(cast) != "to":
             return None
-        keyword = keyword_arg(cast, "dtype")
         if keyword is not None:
             return keyword.value
         for arg in positional_args(cast)[:2]:
