@@ -9,7 +9,7 @@ read the linter; the first measurement of each is another unseen estimate, after
 like ``dev/``. ``fresh3/`` (two packages, 17 bugs) is written the same way and, like ``heldout/``,
 is not read; so are ``fresh4/`` (read after its first measurement), ``fresh5/`` (not read) and
 ``fresh6/`` (read after its first measurement), two packages and 34 bugs each, and ``fresh7/``
-to ``fresh37/`` (one package and 17 bugs each, read after their first measurement). Each part has a ``registry.json``.
+to ``fresh39/`` (one package and 17 bugs each, read after their first measurement). Each part has a ``registry.json``.
 
 Labels are trailing comments on the buggy statements::
 
@@ -110,6 +110,8 @@ HALVES = (
     "fresh35",
     "fresh36",
     "fresh37",
+    "fresh38",
+    "fresh39",
 )
 CATEGORIES = (
     "pool-dtype",

@@ -100,3 +100,56 @@ def test_a_setattr_hides_an_imported_constant_only_where_it_may_set_the_module(
     write_tree(tmp_path, {**files, "pkg/loader.py": loader})
     rows = [row for row in cli_rows(tmp_path, "--no-cache") if row[0] == "pkg/loader.py"]
     assert rows == ([("pkg/loader.py", 10, "RL006")] if found else [])
+
+
+_RECORD = """
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LayerCache:
+    ssm_state: torch.Tensor
+    d_cache: torch.Tensor
+    g_cache: torch.Tensor
+
+
+class Kernel:
+    def run(
+        self,
+        g_cache: torch.Tensor,
+    ) -> None:
+        pass
+"""
+
+_SPREAD = """
+from .records import LayerCache
+
+
+def narrow(layers, dtype):
+    return [
+        LayerCache(**{name: t if name == "ssm_state" else t.to(dtype) for name, t in layer.tensors().items()})
+        for layer in layers
+    ]
+"""
+
+
+def test_a_record_with_a_gate_field_is_a_table_and_a_parameter_is_not() -> None:
+    from replaylint.lint.gatecache.names import GateCacheNames
+    from replaylint.lint.run.name_tables import tables_in
+
+    names = GateCacheNames(("g_cache",))
+    assert "LayerCache" in tables_in(_RECORD.encode(), names)
+    assert "Kernel" not in tables_in(_RECORD.encode(), names)
+
+
+def test_a_file_that_fills_a_record_from_a_spread_comprehension_is_linted(tmp_path: Path) -> None:
+    files = {
+        "pyproject.toml": "[tool.replaylint]\n",
+        "pkg/__init__.py": "",
+        "pkg/records.py": _RECORD,
+        "pkg/use.py": _SPREAD,
+    }
+    write_tree(tmp_path, files)
+    assert cli_rows(tmp_path, "--no-cache") == [("pkg/use.py", 6, "RL006")]

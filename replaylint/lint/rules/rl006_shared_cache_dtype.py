@@ -55,6 +55,7 @@ from replaylint.lint.rules.tree_map_casts import tree_map_finding
 from replaylint.lint.rules.unlisted_keys import (
     UNLISTED_INVALID,
     UNLISTED_VALID,
+    spread_iterations,
     unlisted_iterations,
 )
 from replaylint.lint.rules.wording import WHY, made_how, named_gate_cache
@@ -319,6 +320,10 @@ they were (safe).
                 iterations = unlisted_iterations(
                     self.context, key, mapping, loop.node, loop.target, site, attributes=by
                 )
+            if iterations is None and isinstance(loop.node, cst.DictComp):
+                # `Rings(**{name: t.to(dtype) for name, t in layer.items()})`
+                iterations = spread_iterations(self.context, loop.node, site)
+                unlisted = iterations is not None
             if not iterations:
                 # `merged[key] = rows.to(dtype) if key.startswith("prev_") else rows`
                 iterations = tested_iterations(self.context, key, value, loop.node, loop.ifs, site)

@@ -5,7 +5,9 @@ as holding the gate cache.
 gives every entry one dtype, but the keys come from somewhere the analysis cannot read. How the
 mapping is used afterwards says whether the gate cache is among them: read under a gate-cache key
 (``rings["g_cache"]``, ``rings.get("g_cache")``, ``"g_cache" in rings``) or spread into a record
-or a decode entry point with a gate-cache field (``LayerRings(**rings)``). A mapping whose gate
+or a decode entry point with a gate-cache field (``LayerRings(**rings)``, also a dict
+comprehension spread there directly: ``LayerRings(**{k: t.to(dtype) for k, t in
+layer.items()})``). A mapping whose gate
 entry is written under its own key as well (before or after the loop) is not judged here: which
 of the two writes wins is the code's business, and the explicit one is checked on its own.
 
@@ -38,6 +40,7 @@ __all__ = [
     "gate_attributes_read",
     "gate_bound_keys",
     "gate_keys_read",
+    "spread_iterations",
     "unlisted_iterations",
 ]
 
@@ -79,6 +82,31 @@ def unlisted_iterations(
             continue
         result.append(env)
     return result or None
+
+
+def spread_iterations(
+    context: FileContext, comprehension: cst.DictComp, site: Site
+) -> list[Iteration] | None:
+    """For ``Rings(**{name: t.to(dtype) for name, t in layer.items()})`` (a record, or a decode
+    entry point, filled from a dict comprehension whose keys cannot be listed): one iteration
+    per gate-cache field the call fills from it, with the key variable holding that field's
+    name; None when the comprehension is spread into no such call."""
+    variable = _key_variable(comprehension.key, comprehension.for_in.target)
+    if variable is None or site.statement is None:
+        return None
+    call = next(
+        (
+            node
+            for node in descendants(site.statement)
+            if isinstance(node, cst.Call)
+            and any(arg.star == "**" and arg.value is comprehension for arg in node.args)
+        ),
+        None,
+    )
+    if call is None:
+        return None
+    gates = _spread_fields(context, call, "", site)
+    return [{variable: gate} for gate in sorted(gates)] or None
 
 
 def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site: Site) -> set[str]:
@@ -442,5 +470,42 @@ UNLISTED_INVALID: tuple[Invalid, ...] = (
                     rings.append(torch.zeros(shapes[kind], dtype=torch.float32 if kind == "g" else dtype))
         """,
         message_contains="allocated by a loop over `zip(",
+    ),
+    Invalid(
+        """
+        from typing import NamedTuple
+
+        import torch
+
+        class LayerCache(NamedTuple):
+            ssm_state: torch.Tensor
+            d_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def narrow(layers, dtype):
+            # the record's fields say the gate ring is among the entries
+            return [
+                LayerCache(**{name: t if name == "ssm_state" else t.to(dtype) for name, t in layer.tensors().items()})
+                for layer in layers
+            ]
+        """,
+        expected_fix="""
+        from typing import NamedTuple
+
+        import torch
+
+        class LayerCache(NamedTuple):
+            ssm_state: torch.Tensor
+            d_cache: torch.Tensor
+            g_cache: torch.Tensor
+
+        def narrow(layers, dtype):
+            # the record's fields say the gate ring is among the entries
+            return [
+                LayerCache(**{name: t if name == "ssm_state" else t.to(torch.float32 if name == "g_cache" else dtype) for name, t in layer.tensors().items()})
+                for layer in layers
+            ]
+        """,
+        message_contains="cast by a comprehension over `layer.tensors().items()`",
     ),
 )

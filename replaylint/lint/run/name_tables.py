@@ -123,8 +123,9 @@ def tables_in(raw: bytes, names: GateCacheNames) -> set[str]:
     out at its closing bracket and parsed alone (a whole module would cost a parse per file).
     Also the record classes that declare a field for the gate ring's dtype (``g: torch.dtype``):
     a file that builds one (``RingDtypes(d=ring, k=ring, g=ring)``) sets that dtype without
-    naming a gate cache."""
-    found = _dtype_records(raw) | _own_walks(raw)
+    naming a gate cache; and the record classes with a gate-cache tensor field, which a file can
+    fill from a spread mapping without naming the field."""
+    found = _dtype_records(raw) | _own_walks(raw) | _ring_records(raw, names)
     if raw.isascii() and not any(
         names.matches(word.decode("ascii")) for word in set(_QUOTED_WORD.findall(raw))
     ):
@@ -181,6 +182,41 @@ def _dtype_records(raw: bytes) -> set[str]:
         return set()
     classes = _Enclosing(raw, _CLASS)
     return {name for field in fields if (name := classes.at(field)) is not None}
+
+
+# a record's tensor field (`alpha_log_cache: torch.Tensor`), one per line
+# (a whole line: a parameter of a signature ends in a comma or a default)
+_TENSOR_FIELD = re.compile(
+    rb"^[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*:[ \t]*(?:Optional\[[ \t]*)?(?:torch\.)?Tensor\]?"
+    rb"[ \t]*(?:#[^\n]*)?$",
+    re.MULTILINE,
+)
+# a class or a function: the nearest one above a field must be the class
+_CLASS_OR_DEF = re.compile(
+    rb"^[ \t]*((?:class|def|async[ \t]+def)[ \t]+[A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE
+)
+_RECORD_WORDS = (b"dataclass", b"NamedTuple")
+
+
+def _ring_records(raw: bytes, names: GateCacheNames) -> set[str]:
+    """The record classes of ``raw`` with a gate-cache tensor field (``alpha_log_cache:
+    torch.Tensor`` in a dataclass or NamedTuple): a file that fills one from a spread mapping
+    (``LayerCache(**{name: t.to(dtype) for ...})``) makes the gate cache without naming it."""
+    if not any(word in raw for word in _RECORD_WORDS):
+        return set()
+    fields = [
+        match.start()
+        for match in _TENSOR_FIELD.finditer(raw)
+        if names.matches(match.group(1).decode("ascii", "replace"))
+    ]
+    if not fields:
+        return set()
+    definitions = _Enclosing(raw, _CLASS_OR_DEF)
+    return {
+        name.split()[-1]
+        for field in fields
+        if (name := definitions.at(field)) is not None and name.startswith("class")
+    }
 
 
 class _Enclosing:

@@ -1,0 +1,1 @@
+from .replayssm import advance_write_pos, chunk_kda, fused_recurrent_kda_replayssm_decode
