@@ -105,8 +105,23 @@ def spread_iterations(
     )
     if call is None:
         return None
+    if _decided_by_a_call(comprehension.value, variable):
+        return None  # `dtype if recast(name) else t.dtype`: which entries it casts is not read
     gates = _spread_fields(context, call, "", site)
     return [{variable: gate} for gate in sorted(gates)] or None
+
+
+def _decided_by_a_call(value: cst.BaseExpression, variable: str) -> bool:
+    """Whether a conditional in ``value`` tests a call that is handed the key variable."""
+    return any(
+        isinstance(node, cst.IfExp)
+        and any(
+            isinstance(call, cst.Call)
+            and any(isinstance(n, cst.Name) and n.value == variable for n in descendants(call))
+            for call in descendants(node.test)
+        )
+        for node in descendants(value)
+    )
 
 
 def gate_keys_read(context: FileContext, mapping: cst.Name | cst.Attribute, site: Site) -> set[str]:
