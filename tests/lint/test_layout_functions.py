@@ -98,3 +98,28 @@ def test_a_project_function_that_casts_is_no_layout(tmp_path: Path) -> None:
     utils = _UTILS.replace("return t.contiguous()", "return t.contiguous().float()")
     files = {"pkg/__init__.py": "", "pkg/utils.py": utils, "pkg/gate.py": _GATE}
     assert lint_in_project(tmp_path, files, "pkg/gate.py") == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # read in full: what it returns is kept as it is (a dtype policy, a table's entry)
+        ("def gate_dtype(dtype):\n    return dtype\n", ["param", "dtype"]),
+        (
+            "def pick(dtypes):\n    return dtypes['g']\n",
+            ["item", ["param", "dtypes"], ["const", "g"]],
+        ),
+        # its tensor rebound on the way: a layout of that parameter
+        (
+            "def flat(t):\n    t = t.flatten()\n    t = t.contiguous()\n    return t\n",
+            ["layout", "t"],
+        ),
+    ],
+)
+def test_a_summary_keeps_a_result_it_reads_in_full(source: str, expected: list[object]) -> None:
+    from replaylint.lint.project.summaries import summarise
+
+    summary = summarise(source)
+    assert summary is not None
+    name = next(iter(summary["names"]))
+    assert summary["names"][name][3] == expected

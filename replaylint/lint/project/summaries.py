@@ -257,8 +257,10 @@ class _Summariser:
         ):
             return ["function", function.lineno, params, UNKNOWN, extras]
         result = self._result(function, params)
-        if result[0] != "const" and (kept := kept_parameter(function)) is not None:
-            result = ["layout", kept]  # `def rearrange(t, pattern)`: a tensor of t's dtype
+        if _partly_unknown(result) and (kept := kept_parameter(function)) is not None:
+            # `def rearrange(t, pattern)`, its tensor rebound on the way: a tensor of t's dtype
+            # (a result read in full, `return dtypes["g"]`, stays what it is)
+            result = ["layout", kept]
         return ["function", function.lineno, params, result, extras]
 
     def _result(self, function: ast.FunctionDef | ast.AsyncFunctionDef, params: list[Any]) -> Value:
@@ -445,6 +447,13 @@ class _Summariser:
 
     def _member_value(self, node: ast.expr) -> Value:
         return _Values(self, {}, in_class=True).value(node)
+
+
+def _partly_unknown(value: object) -> bool:
+    """Whether the summary value ``value`` has an unknown part anywhere."""
+    if value == UNKNOWN:
+        return True
+    return isinstance(value, list) and any(_partly_unknown(part) for part in value)
 
 
 def _compares_dtype(test: ast.expr) -> bool:
