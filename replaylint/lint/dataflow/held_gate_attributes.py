@@ -26,7 +26,7 @@ from replaylint.lint.syntax.traversal import descendants
 if TYPE_CHECKING:
     from replaylint.lint.dataflow.provenance import Provenance
 
-__all__ = ["held_gate_attributes"]
+__all__ = ["gate_attributes_spelled", "held_gate_attributes"]
 
 
 def held_gate_attributes(
@@ -38,13 +38,7 @@ def held_gate_attributes(
     classes = module_classes(prov)
     for name in instance_classes(prov, classes, holder, site) or ():
         for own in classes.mro(classes.by_name[name]):  # a class of this module
-            held |= {
-                node.attr.value
-                for node in descendants(own)
-                if isinstance(node, cst.Attribute)
-                and is_name(node.value, "self")
-                and names.matches(node.attr.value)
-            }
+            held |= gate_attributes_spelled(own, "self", names)
     if held or prov.project is None:
         return held
     found = imported_class(prov, holder, site)
@@ -56,3 +50,14 @@ def held_gate_attributes(
             if isinstance(attribute, str) and names.matches(attribute):
                 held.add(attribute)
     return held
+
+
+def gate_attributes_spelled(scope: cst.CSTNode, owner: str, names: GateCacheNames) -> set[str]:
+    """The attributes ``<owner>.<name>`` that ``scope`` spells and that name a gate cache."""
+    return {
+        node.attr.value
+        for node in descendants(scope)
+        if isinstance(node, cst.Attribute)
+        and is_name(node.value, owner)
+        and names.matches(node.attr.value)
+    }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from replaylint.lint.dataflow.torch_api import DTYPE_KEEPING_COPIES
-from replaylint.lint.syntax.nodes import is_name
+from replaylint.lint.syntax.nodes import is_name, keyword_arg
 from replaylint.lint.syntax.traversal import ancestors, branch_tests, descendants
 
 _BUFFER_LISTS = frozenset({"buffers", "named_buffers"})
@@ -120,15 +120,11 @@ def _made_in_body(block: cst.IndentedBlock, buffer: str) -> dict[str, cst.Call]:
             isinstance(value, cst.Call)
             and isinstance(value.func, cst.Attribute)
             and value.func.attr.value in MADE_WITH_DTYPE
-            and any(
-                a.keyword is not None
-                and a.keyword.value == "dtype"
-                and not (
-                    isinstance(a.value, cst.Attribute)
-                    and a.value.attr.value == "dtype"
-                    and is_name(a.value.value, buffer)
-                )
-                for a in value.args
+            and (dtype := keyword_arg(value, "dtype")) is not None
+            and not (
+                isinstance(dtype.value, cst.Attribute)
+                and dtype.value.attr.value == "dtype"
+                and is_name(dtype.value.value, buffer)
             )
         ):
             made[target.value] = value
@@ -267,7 +263,7 @@ def as_module_cast(owner: cst.BaseExpression, cast: cst.Call) -> cst.Call:
     ``buf.type_as(x)`` is ``model.to(x.dtype)``, a tensor made with ``dtype=d`` in each
     buffer's place ``model.to(d)``."""
     assert isinstance(cast.func, cst.Attribute)
-    dtype_arg = next((a for a in cast.args if a.keyword and a.keyword.value == "dtype"), None)
+    dtype_arg = keyword_arg(cast, "dtype")
     if cast.func.attr.value in MADE_WITH_DTYPE and dtype_arg is not None:
         # `torch.empty(buf.shape, dtype=dtype)` in each buffer's place: `model.to(dtype)`
         return cst.Call(cst.Attribute(owner, cst.Name("to")), [cst.Arg(dtype_arg.value)])

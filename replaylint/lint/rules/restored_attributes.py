@@ -18,12 +18,14 @@ import libcst as cst
 
 from replaylint.lint.dataflow.casts import to_argument_role
 from replaylint.lint.dataflow.facts import Kind, TensorFact
-from replaylint.lint.dataflow.held_gate_attributes import held_gate_attributes
+from replaylint.lint.dataflow.held_gate_attributes import (
+    gate_attributes_spelled,
+    held_gate_attributes,
+)
 from replaylint.lint.dataflow.provenance import Provenance
 from replaylint.lint.gatecache.names import GateCacheNames
 from replaylint.lint.syntax.nodes import method_name, positional_args
 from replaylint.lint.syntax.sites import Site
-from replaylint.lint.syntax.traversal import descendants
 
 __all__ = ["Restore", "restored_by_setattr"]
 
@@ -131,24 +133,13 @@ def _gate_attributes(
     """The attributes ``owner.X`` that name a gate cache, read or written in the function; for
     ``self``, in its class; for a local made by a class of the module (``cache =
     ReplayCache(...)``), in that class."""
-    attributes = _attributes_of(site.scope, owner, names)
+    attributes = gate_attributes_spelled(site.scope, owner, names)
     if owner == "self" and (cls := site.enclosing_class()) is not None:
-        attributes |= _attributes_of(cls, "self", names)
+        attributes |= gate_attributes_spelled(cls, "self", names)
     for binding, _ in prov.lookup(owner, site) or ():
         value = binding.value if binding.kind == "assign" else None
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
             for cls in prov.index.classes():
                 if cls.name.value == value.func.value:
-                    attributes |= _attributes_of(cls, "self", names)
+                    attributes |= gate_attributes_spelled(cls, "self", names)
     return tuple(sorted(attributes))
-
-
-def _attributes_of(scope: cst.CSTNode, owner: str, names: GateCacheNames) -> set[str]:
-    return {
-        node.attr.value
-        for node in descendants(scope)
-        if isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == owner
-        and names.matches(node.attr.value)
-    }
